@@ -1,0 +1,159 @@
+"""The speculative round: propose -> verify the block in one target forward -> accept ->
+commit and trim both caches.
+
+Cache convention, asserted every round: the target's cache holds the committed sequence except
+its last ("pending") token, which opens the next block, so a round costs exactly one target
+forward: block = [pending, d1..dk], whose row i judges d(i+1) and whose last row gives the
+bonus. The first new token comes from the prefill's last row, as in plain decoding.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from transformers import PreTrainedModel
+
+from .errors import SpecdecError
+from .lm import CausalLM
+from .proposers.base import Proposal, Proposer
+from .sampling import SamplingConfig, pick
+from .stats import GenerationStats, PhaseClock
+from .verify import Verdict, verify_greedy, verify_sampling
+
+# on_commit(tokens, from_draft): the tokens committed this round, of which the first
+# `from_draft` were the proposer's guesses and the rest came from the target.
+CommitCallback = Callable[[list[int], int], None]
+
+
+@dataclass
+class GenerationResult:
+    new_tokens: list[int]
+    finish_reason: str  # "eos" or "length"
+    stats: GenerationStats = field(default_factory=GenerationStats)
+
+
+def generate(
+    target: PreTrainedModel | CausalLM,
+    input_ids: torch.Tensor | Sequence[int],
+    *,
+    drafter: Proposer | None = None,
+    max_new_tokens: int,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    seed: int | None = None,
+    eos_token_id: int | Sequence[int] | None = None,
+    on_commit: CommitCallback | None = None,
+    check: bool = False,
+) -> GenerationResult:
+    """Generate up to `max_new_tokens` tokens from `target`, speculatively when `drafter` is
+    given; the output is the target's own (greedy: same tokens; sampling: same distribution).
+
+    `eos_token_id=None` takes the model's generation config; pass [] to never stop early.
+    `check=True` also asserts every cache layer's length each round (debug mode).
+    """
+    cfg = SamplingConfig(temperature, top_k, top_p)
+    lm = target if isinstance(target, CausalLM) else CausalLM(target)
+    lm.reset()
+    prompt = _prompt_tensor(input_ids, lm)
+    if max_new_tokens < 1:
+        raise SpecdecError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    eos = _eos_set(eos_token_id, lm.model)
+    generator = torch.Generator(device=lm.device)
+    generator.manual_seed(seed if seed is not None else int(torch.seed()))
+
+    stats = GenerationStats()
+    clock = PhaseClock(stats.times, lm.device)
+    seq = torch.empty(prompt.numel() + max_new_tokens, dtype=torch.long, device=lm.device)
+    seq[: prompt.numel()] = prompt
+    length = prompt.numel()
+
+    def commit(tokens: torch.Tensor, from_draft: int) -> bool:
+        nonlocal length
+        tokens = tokens[: prompt.numel() + max_new_tokens - length]
+        values = tokens.tolist()
+        hit = next((i for i, t in enumerate(values) if t in eos), None)
+        if hit is not None:
+            values, tokens = values[: hit + 1], tokens[: hit + 1]
+        seq[length : length + len(values)] = tokens
+        length += len(values)
+        if on_commit:
+            on_commit(values, min(from_draft, len(values)))
+        return hit is not None
+
+    first = pick(lm.forward(prompt, last_only=True)[-1], cfg, generator)
+    if drafter is not None:
+        drafter.begin(prompt, lm.vocab_size)
+    clock.lap("prefill")
+    done = commit(first, 0)
+    clock.lap("other")
+
+    while not done and length - prompt.numel() < max_new_tokens:
+        # Leave room for the target's own token: never overshoot max_new_tokens.
+        room = max_new_tokens - (length - prompt.numel()) - 1
+        k = min(drafter.k, room) if drafter is not None else 0
+        proposal = drafter.propose(seq[:length], k, cfg, generator) if k else Proposal(seq[:0])
+        clock.lap("propose")
+        rows = lm.forward(torch.cat([seq[length - 1 : length], proposal.tokens]))
+        clock.lap("verify")
+        verdict = _verify(rows, proposal, cfg, generator)
+        done = commit(torch.cat([proposal.tokens[: verdict.accepted], verdict.next_token]), verdict.accepted)
+        lm.cache.trim(length - 1)
+        if drafter is not None:
+            drafter.rollback(length)
+        stats.record_round(proposal.tokens.numel(), verdict.accepted)
+        # A round that asked for no guesses (the last one) leaves the draft untouched.
+        _assert_caches(lm, drafter if k else None, length, check)
+        clock.lap("accept")
+
+    stats.target_calls = lm.calls
+    stats.draft_calls = drafter.calls if drafter is not None else 0
+    new = seq[prompt.numel() : length].tolist()
+    stats.finish(len(new))
+    return GenerationResult(new, "eos" if done else "length", stats)
+
+
+def _verify(rows: torch.Tensor, proposal: Proposal, cfg: SamplingConfig, generator) -> Verdict:
+    if cfg.greedy:
+        return verify_greedy(rows, proposal.tokens)
+    return verify_sampling(rows, proposal.tokens, proposal.q, cfg, generator)
+
+
+def _assert_caches(lm: CausalLM, drafter: Proposer | None, length: int, check: bool) -> None:
+    if lm.length != length - 1:
+        raise AssertionError(f"target cache holds {lm.length} positions, expected {length - 1}")
+    draft_lm = getattr(drafter, "lm", None)
+    if draft_lm is not None and not length - 2 <= draft_lm.length <= length - 1:
+        raise AssertionError(f"draft cache holds {draft_lm.length} positions, committed {length}")
+    if check:
+        for model in (lm, draft_lm) if draft_lm is not None else (lm,):
+            if len(set(model.cache.layer_lengths())) > 1:
+                raise AssertionError(f"cache layers disagree: {model.cache.layer_lengths()}")
+
+
+def _prompt_tensor(input_ids: torch.Tensor | Sequence[int], lm: CausalLM) -> torch.Tensor:
+    prompt = torch.as_tensor(input_ids, dtype=torch.long, device=lm.device).flatten()
+    if prompt.numel() == 0:
+        raise SpecdecError("the prompt is empty: give at least one token")
+    limit = getattr(lm.model.config, "max_position_embeddings", None)
+    if limit is not None and prompt.numel() >= limit:
+        raise SpecdecError(
+            f"the prompt has {prompt.numel()} tokens but the model's context is {limit}: shorten it"
+        )
+    if int(prompt.max()) >= lm.vocab_size or int(prompt.min()) < 0:
+        raise SpecdecError(
+            f"prompt token ids must lie in [0, {lm.vocab_size}): does the tokenizer belong to this model?"
+        )
+    return prompt
+
+
+def _eos_set(eos_token_id: int | Sequence[int] | None, model: PreTrainedModel) -> frozenset[int]:
+    if eos_token_id is None:
+        eos_token_id = getattr(model.generation_config, "eos_token_id", None)
+    if eos_token_id is None:
+        return frozenset()
+    if isinstance(eos_token_id, int):
+        return frozenset([eos_token_id])
+    return frozenset(int(t) for t in eos_token_id)

@@ -1,0 +1,8 @@
+"""What guesses the next tokens. Every proposer has `k`, `begin(prompt, vocab_size)`,
+`propose(seq, k, cfg, generator) -> Proposal` and `rollback(committed_len)`."""
+
+from .base import Proposal, Proposer
+from .draft import DraftModel
+from .lookup import PromptLookup
+
+__all__ = ["DraftModel", "PromptLookup", "Proposal", "Proposer"]

@@ -1,0 +1,54 @@
+"""A small draft model proposes k tokens autoregressively over its own KV cache."""
+
+from __future__ import annotations
+
+import torch
+from transformers import PreTrainedModel
+
+from ..errors import SpecdecError
+from ..lm import CausalLM
+from ..sampling import SamplingConfig, probs
+from .base import Proposal
+
+
+class DraftModel:
+    """Draft-model proposer. Its cache holds a prefix of the committed sequence: all of it but
+    the pending last token, or one token less after a round in which every guess was accepted
+    (the last guess was never fed back); `propose` first feeds what it has not seen."""
+
+    def __init__(self, model: PreTrainedModel, k: int = 5):
+        if k < 1:
+            raise SpecdecError(f"k must be >= 1, got {k}")
+        self.k = k
+        self.lm = CausalLM(model)
+        self._vocab = self.lm.vocab_size
+
+    @property
+    def calls(self) -> int:
+        return self.lm.calls
+
+    def begin(self, prompt: torch.Tensor, vocab_size: int) -> None:
+        self.lm.reset()
+        self._vocab = min(vocab_size, self.lm.vocab_size)
+        self.lm.forward(prompt, last_only=True)
+
+    @torch.inference_mode()
+    def propose(
+        self, seq: torch.Tensor, k: int, cfg: SamplingConfig, generator: torch.Generator | None
+    ) -> Proposal:
+        # Only the target's vocabulary can be proposed (a head may carry padding rows).
+        logits = self.lm.forward(seq[self.lm.length :], last_only=True)[-1, : self._vocab]
+        tokens, qs = [], []
+        for i in range(k):
+            if cfg.greedy:
+                token = logits.argmax(-1, keepdim=True)
+            else:
+                qs.append(probs(logits, cfg))
+                token = torch.multinomial(qs[-1], 1, generator=generator)
+            tokens.append(token)
+            if i + 1 < k:
+                logits = self.lm.forward(token, last_only=True)[-1, : self._vocab]
+        return Proposal(torch.cat(tokens), torch.stack(qs) if qs else None)
+
+    def rollback(self, committed_len: int) -> None:
+        self.lm.cache.trim(min(self.lm.length, committed_len - 1))

@@ -1,0 +1,50 @@
+"""Prompt lookup: propose what followed the latest earlier occurrence of the last n tokens."""
+
+from __future__ import annotations
+
+import torch
+
+from ..errors import SpecdecError
+from ..sampling import SamplingConfig
+from .base import Proposal
+
+
+class PromptLookup:
+    """N-gram match in the prompt and the text so far; proposes nothing when nothing matches.
+    Deterministic, so its q is a point mass on each proposed token."""
+
+    calls = 0
+
+    def __init__(self, k: int = 8, max_ngram: int = 3, min_ngram: int = 1):
+        if k < 1:
+            raise SpecdecError(f"k must be >= 1, got {k}")
+        if not 1 <= min_ngram <= max_ngram:
+            raise SpecdecError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
+        self.k, self.max_ngram, self.min_ngram = k, max_ngram, min_ngram
+
+    def begin(self, prompt: torch.Tensor, vocab_size: int) -> None:
+        pass
+
+    def propose(
+        self, seq: torch.Tensor, k: int, cfg: SamplingConfig, generator: torch.Generator | None
+    ) -> Proposal:
+        for n in range(min(self.max_ngram, seq.numel() - 1), self.min_ngram - 1, -1):
+            continuation = self._continuation(seq, n, k)
+            if continuation.numel():
+                return Proposal(continuation)
+        return Proposal(seq[:0])
+
+    @staticmethod
+    def _continuation(seq: torch.Tensor, n: int, k: int) -> torch.Tensor:
+        # Windows of seq[:-1] start before the final n-gram, so the suffix never matches itself.
+        windows = seq[:-1].unfold(0, n, 1)
+        starts = (windows == seq[-n:]).all(-1).nonzero().flatten() + n
+        if not starts.numel():
+            return seq[:0]
+        # The latest match with a full k-token continuation, else the earliest (longest) one.
+        full = starts[starts + k <= seq.numel()]
+        start = int(full[-1]) if full.numel() else int(starts[0])
+        return seq[start : start + k]
+
+    def rollback(self, committed_len: int) -> None:
+        pass

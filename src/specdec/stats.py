@@ -1,0 +1,89 @@
+"""Per-generation records: rounds, calls, acceptance per round and per position, phase times."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+PHASES = ("prefill", "propose", "verify", "accept", "other")
+
+
+@dataclass
+class GenerationStats:
+    rounds: int = 0
+    target_calls: int = 0
+    draft_calls: int = 0
+    proposed: int = 0
+    accepted: int = 0
+    accept_lengths: list[int] = field(default_factory=list)  # accepted draft tokens, per round
+    proposed_lengths: list[int] = field(default_factory=list)  # proposed draft tokens, per round
+    position_proposed: list[int] = field(default_factory=list)  # [i]: rounds that proposed i+1 tokens or more
+    position_accepted: list[int] = field(default_factory=list)  # [i]: rounds that accepted i+1 tokens or more
+    times: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
+    new_tokens: int = 0
+    tokens_per_s: float = 0.0  # decode part: tokens after the first, over the time after prefill
+
+    def record_round(self, proposed: int, accepted: int) -> None:
+        self.rounds += 1
+        self.proposed += proposed
+        self.accepted += accepted
+        self.proposed_lengths.append(proposed)
+        self.accept_lengths.append(accepted)
+        _grow(self.position_proposed, proposed)
+        _grow(self.position_accepted, accepted)
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.proposed if self.proposed else 0.0
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """Tokens committed per target call in the decode part (accepted + the target's own)."""
+        return (self.accepted + self.rounds) / self.rounds if self.rounds else 0.0
+
+    @property
+    def position_acceptance(self) -> list[float]:
+        """P(draft position i accepted | positions before it accepted and i proposed)."""
+        return [a / p if p else 0.0 for a, p in zip(self.position_accepted, self.position_proposed)]
+
+    def finish(self, new_tokens: int) -> None:
+        self.new_tokens = new_tokens
+        decode = sum(t for name, t in self.times.items() if name != "prefill")
+        self.tokens_per_s = (new_tokens - 1) / decode if decode > 0 and new_tokens > 1 else 0.0
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d.update(
+            acceptance_rate=self.acceptance_rate,
+            mean_accepted_length=self.mean_accepted_length,
+            position_acceptance=self.position_acceptance,
+        )
+        return d
+
+
+def _grow(counts: list[int], upto: int) -> None:
+    counts.extend([0] * (upto - len(counts)))
+    for i in range(upto):
+        counts[i] += 1
+
+
+class PhaseClock:
+    """Charges wall time to phases; on CUDA it synchronises first so kernels are counted
+    where they run, not where they were queued."""
+
+    def __init__(self, times: dict[str, float], device: torch.device):
+        self.times = times
+        self._sync = torch.cuda.synchronize if device.type == "cuda" else None
+        self._last = self._now()
+
+    def _now(self) -> float:
+        if self._sync is not None:
+            self._sync()
+        return time.perf_counter()
+
+    def lap(self, phase: str) -> None:
+        now = self._now()
+        self.times[phase] += now - self._last
+        self._last = now
