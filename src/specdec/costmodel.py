@@ -1,0 +1,262 @@
+"""Cost model of speculative decoding: when does guessing ahead pay?
+
+One round: the proposer guesses k tokens (k * C_D, or ~0 for n-gram lookup), the
+target scores them in one forward (C_V(k); C_V(0) = C_T(1), a plain decode step),
+the accepted prefix A (0..k) plus one target token is committed, so a round yields
+A + 1 tokens. On a rejection (A < k) the caches are trimmed at cost C_R; C_O is the
+per-round overhead. Hence
+
+    cost per token = (k*C_D + C_V(k) + P(A<k)*C_R + C_O) / E[A + 1]
+    speedup        = (C_T(1) + baseline overhead) / cost per token
+
+Pure math (numpy/scipy, no torch) so the benchmark and the advisor can predict from
+measured numbers without loading a model.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+from scipy.optimize import brentq
+
+
+def expected_accepted_iid(alpha: float, k: int) -> float:
+    """E[A] when each position is accepted independently with probability alpha.
+
+    Equals alpha*(1-alpha^k)/(1-alpha) (k at alpha=1, 0 at alpha=0). Summed term by
+    term because the closed form cancels catastrophically near alpha=1, which the
+    root finders below visit.
+    """
+    return float(sum(alpha**i for i in range(1, k + 1)))
+
+
+def expected_tokens_iid(alpha: float, k: int) -> float:
+    """Tokens per round, E[A]+1 = (1-alpha^(k+1))/(1-alpha) (Leviathan et al., 2023)."""
+    return expected_accepted_iid(alpha, k) + 1.0
+
+
+@dataclass(frozen=True)
+class Acceptance:
+    """Per-position conditional acceptance rates r_1..r_k of one proposer on one workload.
+
+    r_i = P(position i accepted | positions 1..i-1 accepted), measured as
+    accepted_at_i / reached_i. Conditional rates, unlike one alpha, capture that
+    later guesses are usually worse; the i.i.d. model is the special case r_i = alpha.
+    """
+
+    rates: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "rates", tuple(float(r) for r in self.rates))
+        if not all(0.0 <= r <= 1.0 for r in self.rates):
+            raise ValueError(f"acceptance rates must lie in [0, 1], got {self.rates}")
+
+    @classmethod
+    def from_rates(cls, rates: Sequence[float]) -> Acceptance:
+        return cls(tuple(rates))
+
+    @classmethod
+    def from_alpha(cls, alpha: float, k: int) -> Acceptance:
+        """The i.i.d. model: every position accepted with probability alpha."""
+        return cls((alpha,) * k)
+
+    @classmethod
+    def from_histogram(cls, counts: Sequence[float]) -> Acceptance:
+        """From counts of rounds by accepted length, counts[a] for A = 0..k.
+
+        Position i is reached by rounds with A >= i-1 and accepted by those with
+        A >= i. A position no round reached gets rate 0; it cannot change E[A]
+        because the probability of reaching it is already 0.
+        """
+        c = np.asarray(counts, dtype=float)
+        if c.ndim != 1 or c.size == 0 or np.any(c < 0) or c.sum() <= 0:
+            raise ValueError(f"histogram needs non-negative counts with a positive total, got {counts}")
+        at_least = np.cumsum(c[::-1])[::-1]  # at_least[a] = rounds with A >= a
+        reached, accepted = at_least[:-1], at_least[1:]
+        rates = np.divide(accepted, reached, out=np.zeros_like(accepted), where=reached > 0)
+        return cls(tuple(rates))
+
+    @property
+    def k(self) -> int:
+        return len(self.rates)
+
+    @property
+    def expected_accepted(self) -> float:
+        """E[A] = sum_i prod_{j<=i} r_j: position i counts iff positions 1..i all pass."""
+        return float(np.sum(np.cumprod(self.rates))) if self.rates else 0.0
+
+    @property
+    def expected_tokens(self) -> float:
+        """Tokens committed per round, E[A] + 1 (the target always adds one)."""
+        return self.expected_accepted + 1.0
+
+    @property
+    def p_all_accepted(self) -> float:
+        """P(A = k) = prod r_j."""
+        return math.prod(self.rates)
+
+    @property
+    def p_reject(self) -> float:
+        """P(A < k): the share of rounds that must trim the caches."""
+        return 1.0 - self.p_all_accepted
+
+    def at_k(self, k: int, extend: Literal["last", "alpha"] = "last") -> Acceptance:
+        """The rates to assume when proposing k tokens instead of the measured self.k.
+
+        For k <= self.k the first k measured rates are used (a shorter guess sees the
+        same first positions). For k > self.k the model has no data and must guess:
+        extend="last" repeats the last measured rate (later positions rarely do
+        better, so this tends to be optimistic); extend="alpha" repeats the i.i.d.
+        alpha fitted to the measured E[A] (see fit_alpha).
+        """
+        if extend not in ("last", "alpha"):
+            raise ValueError(f"extend must be 'last' or 'alpha', got {extend!r}")
+        if k <= self.k:
+            return Acceptance(self.rates[:k])
+        if not self.rates:
+            raise ValueError("cannot extrapolate acceptance measured at k=0")
+        fill = self.rates[-1] if extend == "last" else fit_alpha(self)
+        return Acceptance(self.rates + (fill,) * (k - self.k))
+
+
+def fit_alpha(acceptance: Acceptance) -> float:
+    """The i.i.d. alpha whose E[A] at the same k equals the measured E[A].
+
+    Lets a report show the textbook formula next to the per-position model; build
+    the argument with Acceptance.from_rates or Acceptance.from_histogram.
+    """
+    k, target = acceptance.k, acceptance.expected_accepted
+    if k == 0:
+        raise ValueError("alpha is undefined for acceptance measured at k=0")
+    if target <= 0.0:
+        return 0.0
+    if target >= k:
+        return 1.0
+    return float(brentq(lambda a: expected_accepted_iid(a, k) - target, 0.0, 1.0, xtol=1e-15))
+
+
+@dataclass(frozen=True)
+class Costs:
+    """Measured timings in seconds.
+
+    c_verify is either a callable k -> C_V(k) or measured points {k: seconds}; the
+    points are completed with C_V(0) = c_target (scoring the one committed token is a
+    plain decode step), interpolated linearly between measured k and extrapolated
+    linearly from the last two points, because verify cost grows close to linearly
+    in block size until the GPU saturates. c_baseline_overhead is the per-token
+    python/sampling overhead of plain decoding, so both sides are compared alike.
+    """
+
+    c_target: float
+    c_draft: float
+    c_verify: Mapping[int, float] | Callable[[int], float]
+    c_repair: float = 0.0
+    c_overhead: float = 0.0
+    c_baseline_overhead: float = 0.0
+    _points: tuple[np.ndarray, np.ndarray] | None = field(default=None, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not self.c_target > 0:
+            raise ValueError(f"c_target must be positive, got {self.c_target}")
+        scalars = (self.c_draft, self.c_repair, self.c_overhead, self.c_baseline_overhead)
+        if any(not c >= 0 for c in scalars):
+            raise ValueError(f"costs must be non-negative, got {scalars}")
+        if callable(self.c_verify):
+            return
+        points = {0: self.c_target, **{int(k): float(v) for k, v in self.c_verify.items()}}
+        if len(points) < 2 or min(points) < 0:
+            raise ValueError(f"c_verify needs at least one measured k >= 1, got {dict(self.c_verify)}")
+        ks = np.array(sorted(points), dtype=float)
+        object.__setattr__(self, "_points", (ks, np.array([points[int(k)] for k in ks])))
+
+    def verify(self, k: int) -> float:
+        """C_V(k): one target forward scoring k proposed tokens."""
+        if self._points is None:
+            return float(self.c_verify(k))  # type: ignore[operator]
+        ks, ts = self._points
+        if k <= ks[-1]:
+            return float(np.interp(k, ks, ts))
+        slope = (ts[-1] - ts[-2]) / (ks[-1] - ks[-2])
+        return float(ts[-1] + slope * (k - ks[-1]))
+
+
+def round_cost(costs: Costs, k: int, p_reject: float) -> float:
+    """Expected seconds of one round: k*C_D + C_V(k) + P(A<k)*C_R + C_O."""
+    return k * costs.c_draft + costs.verify(k) + p_reject * costs.c_repair + costs.c_overhead
+
+
+def cost_per_token(costs: Costs, acceptance: Acceptance, k: int) -> float:
+    """Expected seconds per committed token when proposing k (acceptance.at_k(k) rates)."""
+    acc = acceptance.at_k(k)
+    return round_cost(costs, k, acc.p_reject) / acc.expected_tokens
+
+
+def predicted_speedup(costs: Costs, acceptance: Acceptance, k: int) -> float:
+    """Plain decoding's seconds per token over speculative decoding's; > 1 means it pays."""
+    return (costs.c_target + costs.c_baseline_overhead) / cost_per_token(costs, acceptance, k)
+
+
+def break_even_alpha(costs: Costs, k: int) -> float | None:
+    """The i.i.d. alpha at which speculating with k tokens exactly matches plain decoding.
+
+    Speedup rises with alpha (more tokens per round, fewer repairs), so the root is
+    unique. 0.0 if even alpha=0 pays: a round then still commits the target's token,
+    so this happens only when the whole round costs less than a plain step (free
+    proposer and a cheap verify). None if even alpha=1 does not pay.
+    """
+    if k < 1:
+        raise ValueError(f"break-even needs k >= 1, got {k}")
+
+    def excess(alpha: float) -> float:
+        return predicted_speedup(costs, Acceptance.from_alpha(alpha, k), k) - 1.0
+
+    if excess(0.0) >= 0.0:
+        return 0.0
+    top = excess(1.0)
+    if top < 0.0:
+        return None
+    if top == 0.0:
+        return 1.0
+    return float(brentq(excess, 0.0, 1.0, xtol=1e-15))
+
+
+def optimal_k(costs: Costs, acceptance: Acceptance, k_max: int = 16) -> tuple[int, float]:
+    """The k in 1..k_max with the highest predicted speedup, and that speedup.
+
+    Returns (0, 1.0), i.e. "don't speculate", when no k beats plain decoding. Ties go
+    to the smaller k (less wasted draft work for the same prediction). Rates beyond
+    the measured k are extended as in Acceptance.at_k (last measured rate).
+    """
+    best_k, best = 0, 1.0
+    for k in range(1, k_max + 1):
+        s = predicted_speedup(costs, acceptance, k)
+        if s > best:
+            best_k, best = k, s
+    return best_k, best
+
+
+def kv_cache_bytes(num_layers: int, num_kv_heads: int, head_dim: int, seq_len: int, bytes_per_elem: int = 2) -> int:
+    """Bytes of the K and V caches: 2 * L * n * H_kv * d_h * bytes (the 2 is K plus V)."""
+    return 2 * num_layers * seq_len * num_kv_heads * head_dim * bytes_per_elem
+
+
+def kv_cache_bytes_for_config(config: Any, seq_len: int, bytes_per_elem: int = 2) -> int:
+    """kv_cache_bytes from a transformers-style config.
+
+    num_key_value_heads falls back to num_attention_heads (models without GQA) and
+    head_dim to hidden_size // num_attention_heads; None counts as missing because
+    some configs carry the attribute unset.
+    """
+    heads = config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    return kv_cache_bytes(config.num_hidden_layers, kv_heads, head_dim, seq_len, bytes_per_elem)
+
+
+def prediction_error(predicted: float, measured: float) -> float:
+    """Relative error of a prediction: predicted/measured - 1 (+0.1 = 10% above the measurement)."""
+    return predicted / measured - 1.0
