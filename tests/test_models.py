@@ -1,0 +1,259 @@
+"""Tests for specdec.models: fast ones on fake pieces and tiny random models, `real` ones on SmolLM2/Qwen."""
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from tokenizers import Tokenizer, pre_tokenizers
+from tokenizers.models import WordLevel
+from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+from specdec import models
+from specdec.errors import SpecdecError
+from specdec.models import ModelSpec, check_same_vocab, load_model
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    folder = tmp_path / "cache"
+    monkeypatch.setenv("SPECDEC_CACHE", str(folder))
+    return folder
+
+
+def fake_spec(content: bytes, sha256: str | None = None) -> ModelSpec:
+    return ModelSpec(
+        name="fake-model",
+        description="fake",
+        packages=("fake-part1==1", "fake-part2==1", "fake-part3==1"),
+        modules=("fake_part1", "fake_part2", "fake_part3"),
+        size=len(content),
+        sha256=sha256 or hashlib.sha256(content).hexdigest(),
+    )
+
+
+@pytest.fixture
+def pieces(tmp_path):
+    # Names sort in another order than the pieces go, so only the spec's order can give the right bytes.
+    folder = tmp_path / "pieces"
+    folder.mkdir()
+    paths = []
+    for name, data in [("z", b"first-" * 1000), ("a", b"second-" * 3000), ("m", b"third")]:
+        (folder / name).write_bytes(data)
+        paths.append(folder / name)
+    return paths
+
+
+def joined(paths: list[Path]) -> bytes:
+    return b"".join(p.read_bytes() for p in paths)
+
+
+def leftovers(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir()) if folder.exists() else []
+
+
+def test_assembly_concatenates_pieces_in_order(cache, pieces):
+    cache.mkdir()
+    spec = fake_spec(joined(pieces))
+    out = models._assembled(spec, pieces, cache)
+    assert out.read_bytes() == joined(pieces)
+    assert leftovers(cache) == ["fake-model.gguf", "fake-model.gguf.verified.json"]
+
+
+def test_verified_assembly_is_reused_and_a_changed_one_is_redone(cache, pieces):
+    cache.mkdir()
+    whole = joined(pieces)
+    spec = fake_spec(whole)
+    out = models._assembled(spec, pieces, cache)
+    out.write_bytes(b"tampered")  # new size and mtime: the sidecar no longer vouches for it
+    assert models._assembled(spec, pieces, cache).read_bytes() == whole
+    for piece in pieces:
+        piece.unlink()  # reusing the verified file must not need them
+    assert models._assembled(spec, pieces, cache).read_bytes() == whole
+
+
+def test_hash_mismatch_raises_and_leaves_nothing(cache, pieces):
+    cache.mkdir()
+    spec = fake_spec(joined(pieces), sha256="0" * 64)
+    with pytest.raises(SpecdecError, match="--force-reinstall"):
+        models._assembled(spec, pieces, cache)
+    assert leftovers(cache) == []
+
+
+def test_interrupted_assembly_leaves_nothing(cache, pieces, monkeypatch):
+    class InterruptedBar:
+        def __init__(self, **kwargs):
+            self.calls = 0
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def update(self, n):
+            self.calls += 1
+            if self.calls == 2:
+                raise KeyboardInterrupt
+
+    cache.mkdir()
+    monkeypatch.setattr(models, "tqdm", InterruptedBar)
+    with pytest.raises(KeyboardInterrupt):
+        models._assembled(fake_spec(joined(pieces)), pieces, cache)
+    assert leftovers(cache) == []
+
+
+def fake_converter(calls):
+    def convert(spec, gguf, final):
+        calls.append(gguf.read_bytes())
+        final.mkdir()
+        (final / models.COMPLETE_MARKER).write_text(json.dumps({"source_sha256": spec.sha256}))
+
+    return convert
+
+
+def test_conversion_flow_caches_and_deletes_the_assembled_file(cache, pieces, monkeypatch):
+    spec = fake_spec(joined(pieces))
+    calls = []
+    monkeypatch.setattr(models, "_piece_paths", lambda s: pieces)
+    monkeypatch.setattr(models, "_convert", fake_converter(calls))
+    assert models.converted_folder(spec) == cache / "fake-model"
+    assert calls == [joined(pieces)]
+    assert leftovers(cache) == ["fake-model"]
+    models.converted_folder(spec)
+    assert len(calls) == 1
+
+
+def test_stale_temps_of_dead_runs_are_removed(cache, pieces, monkeypatch):
+    exited = [sys.executable, "-c", "import os; print(os.getpid())"]
+    dead = subprocess.run(exited, capture_output=True, text=True)
+    cache.mkdir()
+    stale = cache / f".tmp-{int(dead.stdout)}-abcd.gguf"
+    live = cache / f".tmp-{os.getpid()}-abcd"
+    stale.write_bytes(b"half")
+    live.mkdir()
+    monkeypatch.setattr(models, "_piece_paths", lambda s: pieces)
+    monkeypatch.setattr(models, "_convert", fake_converter([]))
+    models.converted_folder(fake_spec(joined(pieces)))
+    assert not stale.exists()
+    assert live.exists()
+
+
+def test_unknown_name_lists_known_names(tmp_path):
+    with pytest.raises(SpecdecError) as info:
+        load_model(str(tmp_path / "no-such-model"))
+    for name in models.known_models():
+        assert name in str(info.value)
+
+
+def test_defaults_are_registered():
+    known = set(models.known_models())
+    assert {models.DEFAULT_TARGET, models.DEFAULT_DRAFT, "smollm2-135m-instruct"} <= known
+
+
+def test_folder_without_config_is_rejected(tmp_path):
+    with pytest.raises(SpecdecError, match="config.json"):
+        load_model(str(tmp_path))
+
+
+def test_folder_with_only_pickle_weights_is_rejected(tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "pytorch_model.bin").write_bytes(b"not loaded")
+    with pytest.raises(SpecdecError, match="safetensors only"):
+        load_model(str(tmp_path))
+
+
+def test_unknown_dtype_lists_allowed(tmp_path):
+    with pytest.raises(SpecdecError, match="bfloat16, float16, float32"):
+        load_model(str(tmp_path), dtype="float64")
+
+
+def test_unwritable_cache_is_a_clean_error(tmp_path, monkeypatch):
+    # We run as root, where chmod does not stop writes; a path under a regular file can never be made.
+    (tmp_path / "afile").write_text("")
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "afile" / "sub"))
+    with pytest.raises(SpecdecError, match="SPECDEC_CACHE"):
+        load_model("smollm2-135m-instruct")
+
+
+def test_missing_package_names_the_pip_command(cache):
+    spec = ModelSpec("fake", "fake", ("specdec-no-such-pkg==1",), ("specdec_no_such_pkg",), 1, "0" * 64)
+    with pytest.raises(SpecdecError, match="pip install specdec-no-such-pkg==1"):
+        models.converted_folder(spec)
+
+
+def tiny_tokenizer(words: list[str]) -> PreTrainedTokenizerFast:
+    backend = Tokenizer(WordLevel({w: i for i, w in enumerate(["<unk>", *words])}, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    return PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>")
+
+
+def tiny_model(vocab_size: int) -> Qwen2ForCausalLM:
+    config = Qwen2Config(
+        vocab_size=vocab_size, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=1,
+    )
+    return Qwen2ForCausalLM(config)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+def test_local_folder_round_trip(tmp_path, dtype):
+    torch.manual_seed(0)
+    original = tiny_model(8)
+    original.save_pretrained(tmp_path)
+    tiny_tokenizer(["a", "b", "c"]).save_pretrained(tmp_path)
+    model, tokenizer = load_model(str(tmp_path), dtype=dtype)
+    assert not model.training
+    assert model.dtype == getattr(torch, dtype)
+    assert tokenizer("a c")["input_ids"] == [1, 3]
+    ids = torch.tensor([[1, 2, 3]])
+    with torch.no_grad():
+        expected = original.to(model.dtype).eval()(ids).logits
+        assert torch.equal(model(ids).logits, expected)
+
+
+def test_same_vocab_check():
+    words = ["a", "b", "c"]
+    check_same_vocab(tiny_tokenizer(words), tiny_tokenizer(words), tiny_model(8), tiny_model(4))
+    with pytest.raises(SpecdecError, match="--proposer lookup"):
+        check_same_vocab(tiny_tokenizer(words), tiny_tokenizer(["a", "b", "d"]), tiny_model(8), tiny_model(8))
+    with pytest.raises(SpecdecError, match="--proposer lookup"):
+        check_same_vocab(tiny_tokenizer(words), tiny_tokenizer(words), tiny_model(8), tiny_model(3))
+
+
+def finite_logits(model, tokenizer) -> bool:
+    ids = tokenizer("def add(a, b):\n    return", return_tensors="pt").input_ids
+    with torch.no_grad():
+        return bool(torch.isfinite(model(ids).logits).all())
+
+
+@pytest.mark.real
+def test_smollm2_converts_once_then_loads_from_cache(cache, monkeypatch):
+    model, tokenizer = load_model("smollm2-135m-instruct")
+    assert finite_logits(model, tokenizer)
+    assert model.dtype == torch.bfloat16
+    assert leftovers(cache) == ["smollm2-135m-instruct"]  # single-file model: nothing assembled, no temps
+
+    def no_conversion(*args):
+        raise AssertionError("converted again instead of using the cache")
+
+    monkeypatch.setattr(models, "_convert", no_conversion)
+    model, tokenizer = load_model("smollm2-135m-instruct", dtype="float32")
+    assert model.dtype == torch.float32
+    assert finite_logits(model, tokenizer)
+
+
+@pytest.mark.real
+def test_qwen_pair_shares_vocab_and_smollm2_does_not(monkeypatch):
+    # The default cache on purpose: the Qwen conversions take minutes once and other work reuses them.
+    monkeypatch.delenv("SPECDEC_CACHE", raising=False)
+    target, target_tok = load_model(models.DEFAULT_TARGET)
+    draft, draft_tok = load_model(models.DEFAULT_DRAFT)
+    check_same_vocab(target_tok, draft_tok, target, draft)
+    small, small_tok = load_model("smollm2-135m-instruct")
+    with pytest.raises(SpecdecError, match="--proposer lookup"):
+        check_same_vocab(target_tok, small_tok, target, small)
