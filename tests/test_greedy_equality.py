@@ -1,0 +1,109 @@
+"""Greedy speculation returns exactly the target's own greedy tokens (float32 tiny models)."""
+
+import pytest
+import torch
+
+import specdec
+from specdec import DraftModel, PromptLookup, generate
+
+from conftest import perturbed, tiny_model
+
+SEEDS = range(4)
+
+
+def case(seed: int):
+    target = tiny_model(100 + seed)
+    draft = perturbed(target, seed=seed, scale=0.4)
+    # A prompt with repeats, so prompt lookup finds n-grams to propose.
+    gen = torch.Generator().manual_seed(seed)
+    base = torch.randint(0, 64, (6,), generator=gen)
+    prompt = torch.cat([base, torch.randint(0, 64, (3,), generator=gen), base])
+    plain = generate(target, prompt, max_new_tokens=40, eos_token_id=[])
+    return target, draft, prompt, plain.new_tokens
+
+
+@pytest.fixture(scope="module", params=SEEDS)
+def seeded(request):
+    return case(request.param)
+
+
+def drafters(draft, target, k):
+    return {
+        "draft": DraftModel(draft, k),
+        "self": DraftModel(target, k),  # accepts everything: exercises the bonus path
+        "lookup": PromptLookup(k, max_ngram=3),
+    }
+
+
+@pytest.mark.parametrize("k", range(1, 9))
+def test_speculative_greedy_equals_plain(seeded, k):
+    target, draft, prompt, plain = seeded
+    for name, drafter in drafters(draft, target, k).items():
+        out = generate(target, prompt, drafter=drafter, max_new_tokens=40, eos_token_id=[], check=True)
+        assert out.new_tokens == plain, (name, k)
+        assert out.finish_reason == "length"
+        assert out.stats.target_calls == out.stats.rounds + 1  # one forward per round + prefill
+
+
+def test_draft_actually_speculates(seeded):
+    target, draft, prompt, _ = seeded
+    out = generate(target, prompt, drafter=DraftModel(draft, 4), max_new_tokens=40, eos_token_id=[])
+    assert 0 < out.stats.accepted < out.stats.proposed
+    self_out = generate(target, prompt, drafter=DraftModel(target, 4), max_new_tokens=40, eos_token_id=[])
+    assert self_out.stats.accepted == self_out.stats.proposed
+    assert self_out.stats.rounds < 40 / 4
+
+
+@pytest.mark.parametrize("k", [2, 5])
+def test_eos_at_every_position(seeded, k):
+    """Make each generated token in turn the EOS: the output stops right after its first
+    occurrence, wherever that falls inside a block, and nothing after it is committed."""
+    target, draft, prompt, plain = seeded
+    for pos in range(len(plain)):
+        eos = plain[pos]
+        expected = plain[: plain.index(eos) + 1]
+        for name, drafter in drafters(draft, target, k).items():
+            out = generate(target, prompt, drafter=drafter, max_new_tokens=40, eos_token_id=eos, check=True)
+            assert out.new_tokens == expected, (name, pos)
+            assert out.finish_reason == "eos"
+
+
+@pytest.mark.parametrize("max_new", [1, 2, 3, 5])
+def test_max_new_tokens_smaller_than_k(seeded, max_new):
+    target, draft, prompt, plain = seeded
+    for name, drafter in drafters(draft, target, 8).items():
+        out = generate(target, prompt, drafter=drafter, max_new_tokens=max_new, eos_token_id=[], check=True)
+        assert out.new_tokens == plain[:max_new], name
+        assert out.finish_reason == "length"
+
+
+def test_stats_are_consistent(seeded):
+    target, draft, prompt, plain = seeded
+    out = generate(target, prompt, drafter=DraftModel(draft, 5), max_new_tokens=40, eos_token_id=[])
+    s = out.stats
+    assert s.new_tokens == len(out.new_tokens) == 40
+    assert s.accepted + s.rounds + 1 == s.new_tokens  # each round: accepted + one target token
+    assert sum(s.accept_lengths) == s.accepted and sum(s.proposed_lengths) == s.proposed
+    assert s.position_accepted[0] == sum(a >= 1 for a in s.accept_lengths)
+    assert all(0 <= r <= 1 for r in s.position_acceptance)
+    assert set(s.times) == {"prefill", "propose", "verify", "accept", "other"}
+    assert s.tokens_per_s > 0
+
+
+def test_bad_arguments_raise_clear_errors(target):
+    with pytest.raises(specdec.SpecdecError, match="max_new_tokens"):
+        generate(target, [1, 2], max_new_tokens=0)
+    with pytest.raises(specdec.SpecdecError, match="empty"):
+        generate(target, [], max_new_tokens=4)
+    with pytest.raises(specdec.SpecdecError, match="context"):
+        generate(target, [1] * 600, max_new_tokens=4)
+    with pytest.raises(specdec.SpecdecError, match="tokenizer"):
+        generate(target, [1, 999], max_new_tokens=4)
+    with pytest.raises(specdec.SpecdecError, match="temperature"):
+        generate(target, [1, 2], max_new_tokens=4, temperature=-1)
+    with pytest.raises(specdec.SpecdecError, match="top_p"):
+        generate(target, [1, 2], max_new_tokens=4, temperature=1, top_p=1.5)
+    with pytest.raises(specdec.SpecdecError, match="k must be"):
+        DraftModel(target, 0)
+    with pytest.raises(specdec.SpecdecError, match="k must be"):
+        PromptLookup(0)
