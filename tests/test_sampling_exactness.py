@@ -1,0 +1,146 @@
+"""Speculative sampling is exact: generated tokens follow the target's own distribution.
+
+Tiny float32 models (one layer, vocabulary 8, init 0.5: target entropy about 0.8 nats; the
+draft is the target plus weight noise, total variation between p and q 0.36-0.52), so p and q
+are peaked and differ, and rounds accept, reject and take bonuses. The exact joint distribution of the first four new tokens is enumerated from the
+target's logits; N speculative generations are compared with it by a chi-square test per
+position (cells with expected count < 5 merged). Threshold: p-value > 1e-4 for the correct
+rule (about 30 tests here, so a false alarm has probability < 0.3% and the seeds are fixed);
+a known-wrong rule (resampling from p instead of the residual) must reach p-value < 1e-6.
+"""
+
+import itertools
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from specdec import DraftModel, PromptLookup, generate, verify
+from specdec.sampling import SamplingConfig, probs
+
+from conftest import perturbed, tiny_model
+
+V, N, POSITIONS = 8, 2000, 4
+PROMPT = list(range(V)) * 2  # every token occurs, so prompt lookup always finds a match
+PASS, CAUGHT = 1e-4, 1e-6
+
+
+def make_pair(seed: int):
+    target = tiny_model(10 + seed, vocab=V, layers=1, init=0.5)
+    return target, perturbed(target, seed, scale=0.1)
+
+
+@pytest.fixture(scope="module")
+def pair():
+    return make_pair(0)
+
+
+def exact_joint(target, cfg: SamplingConfig) -> np.ndarray:
+    """P(x1..x4) under plain sampling from the target, as an array of shape [V]*4."""
+    joint = np.ones([1] * 0)
+    for length in range(POSITIONS):
+        prefixes = list(itertools.product(range(V), repeat=length))
+        batch = torch.tensor([PROMPT + list(p) for p in prefixes])
+        with torch.no_grad():
+            logits = target(input_ids=batch).logits[:, -1].float()
+        step = probs(logits, cfg).numpy().reshape([V] * length + [V])
+        joint = joint[..., None] * step
+    return joint
+
+
+def sample(target, drafter_factory, cfg: SamplingConfig, n: int = N) -> np.ndarray:
+    out = np.empty((n, POSITIONS), dtype=np.int64)
+    for i in range(n):
+        # max_new_tokens=5 so that the first round may propose 3 tokens: positions 2..4 come
+        # from acceptance, residual and bonus draws.
+        tokens = generate(target, PROMPT, drafter=drafter_factory(), max_new_tokens=POSITIONS + 1,
+                          temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
+                          seed=i, eos_token_id=[]).new_tokens
+        out[i] = tokens[:POSITIONS]
+    return out
+
+
+def chi2_pvalue(observed_tokens: np.ndarray, expected_probs: np.ndarray) -> float:
+    observed = np.bincount(observed_tokens, minlength=expected_probs.size).astype(float)
+    expected = expected_probs.astype(np.float64).ravel() * observed_tokens.size
+    assert observed[expected == 0].sum() == 0, "a zero-probability token was generated"
+    big = expected >= 5
+    obs = np.append(observed[big], observed[~big].sum())
+    exp = np.append(expected[big], expected[~big].sum())
+    keep = exp > 0
+    assert keep.sum() >= 2, "too few cells: the test distribution is too peaked to say anything"
+    return chisquare(obs[keep], exp[keep] * obs[keep].sum() / exp[keep].sum()).pvalue
+
+
+def pvalues(samples: np.ndarray, joint: np.ndarray) -> list[float]:
+    axes = range(POSITIONS)
+    marginals = [chi2_pvalue(samples[:, i], joint.sum(axis=tuple(a for a in axes if a != i)))
+                 for i in axes]
+    pair23 = samples[:, 1] * V + samples[:, 2]
+    return marginals + [chi2_pvalue(pair23, joint.sum(axis=(0, 3)))]
+
+
+CONFIGS = {
+    "plain": SamplingConfig(1.0),
+    "top_k": SamplingConfig(1.0, top_k=3),
+    "top_p": SamplingConfig(1.0, top_p=0.9),
+}
+
+
+@pytest.mark.parametrize("name,seed", [("plain", 0), ("plain", 1), ("top_k", 2), ("top_p", 2)])
+def test_draft_model_sampling_matches_target(name, seed):
+    target, draft = make_pair(seed)
+    cfg = CONFIGS[name]
+    ps = pvalues(sample(target, lambda: DraftModel(draft, 3), cfg), exact_joint(target, cfg))
+    assert min(ps) > PASS, ps
+
+
+def test_prompt_lookup_sampling_matches_target(pair):
+    target, _ = pair
+    cfg = CONFIGS["plain"]
+    ps = pvalues(sample(target, lambda: PromptLookup(3, max_ngram=2), cfg), exact_joint(target, cfg))
+    assert min(ps) > PASS, ps
+
+
+def test_resampling_from_p_is_caught(pair, monkeypatch):
+    """The same test must reject the classic bug: on rejection, drawing from p, not (p-q)+."""
+    target, draft = pair
+    cfg = CONFIGS["plain"]
+
+    def wrong(p_row, q, draft_tokens, i, generator):
+        return torch.multinomial(p_row, 1, generator=generator)
+
+    monkeypatch.setattr(verify, "_sample_residual", wrong)
+    ps = pvalues(sample(target, lambda: DraftModel(draft, 3), cfg), exact_joint(target, cfg))
+    assert min(ps) < CAUGHT, ps
+
+
+def test_proposals_are_exercised(pair):
+    """The tests above only mean something if rounds accept, reject and take bonuses."""
+    target, draft = pair
+    accepted = rejected = bonus = 0
+    for seed in range(200):
+        s = generate(target, PROMPT, drafter=DraftModel(draft, 3), max_new_tokens=5,
+                     temperature=1.0, seed=seed, eos_token_id=[]).stats
+        first = s.accept_lengths[0]
+        accepted += first > 0
+        rejected += first < 3
+        bonus += first == 3
+    assert min(accepted, rejected, bonus) >= 10, (accepted, rejected, bonus)
+
+
+def test_single_position_rule_on_random_distributions():
+    """Verifier alone, k=1, many random (p, q) pairs: the committed token is distributed as p."""
+    gen = torch.Generator().manual_seed(0)
+    cfg = SamplingConfig(1.0)
+    for trial in range(5):
+        target_logits = torch.randn(2, V, generator=gen) * 3
+        q = torch.softmax(torch.randn(V, generator=gen) * 3, -1)
+        p = probs(target_logits[0], cfg)
+        counts = np.zeros(V)
+        for _ in range(20000):
+            d = torch.multinomial(q, 1, generator=gen)
+            v = verify.verify_sampling(target_logits, d, q[None], cfg, gen)
+            counts[(d if v.accepted else v.next_token).item()] += 1
+        assert chi2_pvalue(np.repeat(np.arange(V), counts.astype(int)), p.numpy()) > PASS
