@@ -1,0 +1,54 @@
+"""Comparing a speculative output with plain decoding, and explaining differences.
+
+Batched and serial computations round differently (bf16 most of all), so a block forward can
+flip the target's argmax where its top two logits nearly tie. A difference is acceptable only
+at such a near-tie: the target's top-1/top-2 logit gap at the first differing position, taken
+from a fresh forward of the common prefix, must be below a stated tolerance.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers import PreTrainedModel
+
+# Logit-gap tolerance by dtype: a few units in the last place of the logits' magnitude (~20).
+NEAR_TIE_TOLERANCE = {torch.float32: 1e-3, torch.bfloat16: 0.5, torch.float16: 0.1}
+
+
+@dataclass
+class Difference:
+    position: int  # index into the new tokens of the first difference
+    expected: int  # plain decoding's token
+    got: int  # speculative token
+    gap: float  # target's top-1 minus top-2 logit there
+    tolerance: float
+
+    @property
+    def near_tie(self) -> bool:
+        return self.gap < self.tolerance
+
+    def describe(self) -> str:
+        verdict = "near-tie" if self.near_tie else "FAILURE"
+        return (f"{verdict}: first difference at new token {self.position} ({self.expected} vs "
+                f"{self.got}), top-1/top-2 logit gap {self.gap:.4g} (tolerance {self.tolerance:g})")
+
+
+def first_difference(
+    target: PreTrainedModel, prompt: list[int], reference: list[int], candidate: list[int]
+) -> Difference | None:
+    """None when `candidate` equals `reference` (or is its prefix ending at the same EOS)."""
+    pos = next((i for i, (a, b) in enumerate(zip(reference, candidate)) if a != b), None)
+    if pos is None:
+        if len(reference) == len(candidate):
+            return None
+        pos = min(len(reference), len(candidate))
+    expected = reference[pos] if pos < len(reference) else -1
+    got = candidate[pos] if pos < len(candidate) else -1
+    ids = torch.tensor([prompt + reference[:pos]], device=target.device)
+    with torch.inference_mode():
+        logits = target(input_ids=ids, logits_to_keep=1).logits[0, -1].float()
+    top = torch.topk(logits, 2).values
+    tol = NEAR_TIE_TOLERANCE.get(target.dtype, 0.5)
+    return Difference(pos, expected, got, float(top[0] - top[1]), tol)

@@ -1,0 +1,59 @@
+"""Real weights: speculative greedy output equals plain decoding on the real model pair.
+
+Where batch numerics flip a token, the test passes only if the first difference sits at a
+near-tie of the target (top-1/top-2 logit gap below conformance.NEAR_TIE_TOLERANCE for the
+dtype) and it reports that case.
+"""
+
+import pytest
+
+from specdec import DraftModel, PromptLookup, generate
+from specdec.conformance import first_difference
+from specdec.models import DEFAULT_DRAFT, DEFAULT_TARGET, check_same_vocab, load_model
+from specdec.prompts import encode_prompt
+
+pytestmark = pytest.mark.real
+
+PROMPTS = {
+    "code": "Write a Python function that merges two sorted lists into one sorted list.",
+    "chat": "What are three good habits for staying focused while working from home?",
+    "translation": "Translate to German: The weather is nice today, so we are going to the lake.",
+}
+NEW_TOKENS = 32
+
+
+@pytest.fixture(scope="module")
+def qwen():
+    target, tok = load_model(DEFAULT_TARGET)
+    draft, draft_tok = load_model(DEFAULT_DRAFT)
+    check_same_vocab(tok, draft_tok, target, draft)
+    return target, tok, draft
+
+
+def assert_equal_or_near_tie(target, prompt, plain, spec, label):
+    diff = first_difference(target, prompt, plain, spec)
+    if diff is not None:
+        print(f"{label}: {diff.describe()}")
+        assert diff.near_tie, f"{label}: {diff.describe()}"
+
+
+@pytest.mark.parametrize("task", PROMPTS)
+def test_qwen_pair_speculation_equals_plain(qwen, task):
+    target, tok, draft = qwen
+    prompt = encode_prompt(tok, PROMPTS[task])
+    plain = generate(target, prompt, max_new_tokens=NEW_TOKENS).new_tokens
+    assert len(plain) > 0
+    for name, drafter in {"draft": DraftModel(draft, 3), "lookup": PromptLookup(3)}.items():
+        out = generate(target, prompt, drafter=drafter, max_new_tokens=NEW_TOKENS, check=True)
+        assert_equal_or_near_tie(target, prompt, plain, out.new_tokens, f"{task}/{name}")
+        if name == "draft":
+            assert out.stats.accepted > 0  # a real draft agrees with its target sometimes
+
+
+def test_smollm2_speculation_equals_plain():
+    model, tok = load_model("smollm2-135m-instruct")
+    prompt = encode_prompt(tok, "List the planets of the solar system in order, one per line.")
+    plain = generate(model, prompt, max_new_tokens=48).new_tokens
+    for name, drafter in {"self-draft": DraftModel(model, 4), "lookup": PromptLookup(4)}.items():
+        out = generate(model, prompt, drafter=drafter, max_new_tokens=48, check=True)
+        assert_equal_or_near_tie(model, prompt, plain, out.new_tokens, f"smollm2/{name}")
