@@ -135,7 +135,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _plugins() -> list[Callable[[argparse._SubParsersAction], None]]:
     """Sub-commands that live in their own modules register themselves here."""
-    return []
+    from .bench import register as bench
+
+    return [bench]
 
 
 def main(argv: list[str] | None = None) -> int:

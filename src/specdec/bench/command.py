@@ -1,0 +1,140 @@
+"""The bench and report commands: arguments -> configuration -> runs -> summary -> report."""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import shlex
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+import transformers
+
+from ..cli import DEFAULT_K
+from ..errors import SpecdecError
+from ..models import check_same_vocab, load_model, resolve_dtype
+from ..prompts import encode_prompt
+from ..report import REPORT, write_report
+from ..sampling import SamplingConfig
+from .datasets import Prompt, Selection, file_sha256, load_prompts
+from .execute import WARMUP_TOKENS, Executor, RunSettings, eos_token_ids
+from .memory import KINDS, PeakMemory
+from .methods import Method, parse_methods
+from .runner import EncodedPrompt, run_bench
+from .store import CONFIG, RESULTS, SUMMARY, check_out_dir, read_json, read_rows, write_json_atomic
+from .summary import summarize
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    methods = parse_methods(args.methods, DEFAULT_K, args.max_ngram)
+    sampling = SamplingConfig(args.temperature, args.top_k, args.top_p)  # validates them
+    for name in ("repeats", "max_new_tokens"):
+        if getattr(args, name) < 1:
+            raise SpecdecError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    selection = Selection(_split(args.categories), args.per_category, args.limit)
+    prompts, path = load_prompts(args.dataset, selection)
+    out = Path(args.out)
+    memory = PeakMemory(torch.device(args.device))
+    config = bench_config(args, methods, prompts, path, memory.kind)
+    # Checked before the models load (slow), so a refused folder is refused at once.
+    check_out_dir(out, config, args.resume)
+
+    target, tokenizer = load_model(args.target, args.dtype, args.device, args.trust_remote_code)
+    draft = _load_draft(args, tokenizer, target) if any(m.needs_draft for m in methods) else None
+    encoded = [EncodedPrompt(p, encode_prompt(tokenizer, p.text, raw=args.raw)) for p in prompts]
+    settings = RunSettings(args.max_new_tokens, sampling, args.seed, eos_token_ids(target))
+    try:
+        run_bench(out, config, encoded, methods, args.repeats, Executor(target, draft, settings, memory),
+                  progress=not args.no_progress)
+    except KeyboardInterrupt:
+        print(f"\nspecdec: interrupted; the {len(read_rows(out))} finished rows are kept in {out / RESULTS}.\n"
+              f"resume with: {_resume_command()}", file=sys.stderr)
+        return 130
+    print(_digest(report_folder(out)) + f"\nreport: {out / REPORT}", file=sys.stderr)
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    out = Path(args.dir)
+    if not (out / CONFIG).is_file():
+        raise SpecdecError(f"{out} is not a specdec bench folder: it has no {CONFIG}")
+    print(_digest(report_folder(out)) + f"\nreport: {out / REPORT}", file=sys.stderr)
+    return 0
+
+
+def report_folder(out: Path) -> dict:
+    """summary.json (written atomically) and report.md from the folder's rows; returns the summary."""
+    rows = read_rows(out)
+    if not rows:
+        raise SpecdecError(f"{out / RESULTS} has no finished rows yet: nothing to summarise")
+    summary = summarize(rows, read_json(out / CONFIG))
+    write_json_atomic(out / SUMMARY, summary)
+    write_report(summary, out)
+    return summary
+
+
+def bench_config(
+    args: argparse.Namespace, methods: list[Method], prompts: list[Prompt], dataset_file: Path, memory_kind: str
+) -> dict:
+    """Everything that makes two runs' rows comparable; --resume refuses a folder whose config differs."""
+    return {
+        "target": args.target,
+        "draft": args.draft if any(m.needs_draft for m in methods) else None,
+        "dtype": resolve_dtype(args.dtype, args.device),
+        "device": args.device,
+        "methods": [asdict(m) for m in methods],
+        "dataset": {"name": args.dataset, "sha256": file_sha256(dataset_file)},
+        "selection": {"categories": _split(args.categories), "per_category": args.per_category, "limit": args.limit},
+        "prompt_ids": [p.id for p in prompts],
+        "raw": args.raw,
+        "max_new_tokens": args.max_new_tokens,
+        "sampling": {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p, "seed": args.seed},
+        "repeats": args.repeats,
+        "warmup_tokens": min(WARMUP_TOKENS, args.max_new_tokens),
+        "memory": {"kind": memory_kind, "meaning": KINDS[memory_kind]},
+        "environment": {
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "threads": torch.get_num_threads(),
+            "device_name": _device_name(args.device),
+        },
+    }
+
+
+def _split(text: str | None) -> list[str] | None:
+    return [part.strip() for part in text.split(",") if part.strip()] if text else None
+
+
+def _load_draft(args: argparse.Namespace, tokenizer, target):
+    draft, draft_tokenizer = load_model(args.draft, args.dtype, args.device, args.trust_remote_code)
+    check_same_vocab(tokenizer, draft_tokenizer, target, draft)
+    return draft
+
+
+def _device_name(device: str) -> str:
+    if device.startswith("cuda"):
+        return torch.cuda.get_device_name(torch.device(device))
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or platform.machine()
+
+
+def _resume_command() -> str:
+    argv = sys.argv[1:]
+    return shlex.join(["specdec", *argv, *([] if "--resume" in argv else ["--resume"])])
+
+
+def _digest(summary: dict) -> str:
+    """A few lines for the terminal; the full picture is in report.md."""
+    lines = [f"[specdec bench] {summary['overall']['n_prompts']} prompts"]
+    for label, m in summary["overall"]["methods"].items():
+        tps = m["tokens_per_s"]["median"] if m["tokens_per_s"] else float("nan")
+        s = m["speedup"]
+        speed = f", speedup {s['median']:.2f} [{s['ci95_median'][0]:.2f}, {s['ci95_median'][1]:.2f}]" if s else ""
+        mal = m["mean_accepted_length"]
+        lines.append(f"  {label:<24} {tps:7.2f} tok/s{speed}" + (f", mean accepted length {mal:.2f}" if mal else ""))
+    return "\n".join(lines)

@@ -1,0 +1,224 @@
+"""One generation of one method on one prompt, timed: specdec's engine or transformers' generate().
+
+Both kinds of row carry the same measures: prefill_s (up to the first new token), decode_s (the
+rest), decode_tokens (tokens produced after the first chunk) and tokens_per_s = decode_tokens /
+decode_s, the engine's definition. Phase times, acceptance per round and per position exist only
+for specdec's methods; for HF methods the streamer's chunk sizes give the tokens committed per
+target call (`round_tokens`), and forward hooks count the model calls.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+from transformers import GenerationConfig, PreTrainedModel
+from transformers.generation import BaseStreamer
+
+from ..engine import generate
+from ..proposers import DraftModel, PromptLookup
+from ..sampling import SamplingConfig
+from .memory import PeakMemory
+from .methods import Method
+
+# Tokens of the discarded warm-up generation: enough to run prefill and a few rounds of every
+# code path (first calls pay for allocation and thread start-up), short enough to cost little.
+WARMUP_TOKENS = 16
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    max_new_tokens: int
+    sampling: SamplingConfig
+    seed: int | None  # the seed of repeat r is seed + r; None: a fresh random seed every run
+    eos_token_ids: tuple[int, ...]  # passed explicitly to both engines so they stop alike
+
+
+def eos_token_ids(model: PreTrainedModel) -> tuple[int, ...]:
+    """The model's end-of-sequence ids from its generation config (the engine's default)."""
+    eos = getattr(model.generation_config, "eos_token_id", None)
+    if eos is None:
+        return ()
+    return (eos,) if isinstance(eos, int) else tuple(int(t) for t in eos)
+
+
+class Executor:
+    """Runs methods on one target (and optional draft) with fixed settings."""
+
+    def __init__(
+        self, target: PreTrainedModel, draft: PreTrainedModel | None, settings: RunSettings, memory: PeakMemory
+    ):
+        self.target, self.draft, self.settings, self.memory = target, draft, settings, memory
+
+    def run(self, method: Method, prompt_ids: list[int], repeat: int) -> dict:
+        """The measurement fields of one row."""
+        seed = None if self.settings.seed is None else self.settings.seed + repeat
+        self.memory.reset()
+        row = self._generate(method, prompt_ids, seed, self.settings.max_new_tokens)
+        row["peak_memory_bytes"] = self.memory.read()
+        return row
+
+    def warm_up(self, method: Method, prompt_ids: list[int]) -> None:
+        self._generate(method, prompt_ids, self.settings.seed, min(WARMUP_TOKENS, self.settings.max_new_tokens))
+
+    def _generate(self, method: Method, prompt_ids: list[int], seed: int | None, max_new_tokens: int) -> dict:
+        if method.is_hf:
+            return self._run_hf(method, prompt_ids, seed, max_new_tokens)
+        return self._run_specdec(method, prompt_ids, seed, max_new_tokens)
+
+    def _run_specdec(self, method: Method, prompt_ids: list[int], seed: int | None, max_new_tokens: int) -> dict:
+        s = self.settings.sampling
+        result = generate(
+            self.target, prompt_ids, drafter=self._proposer(method), max_new_tokens=max_new_tokens,
+            temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, seed=seed,
+            eos_token_id=list(self.settings.eos_token_ids),
+        )
+        st = result.stats
+        decode_s = sum(t for phase, t in st.times.items() if phase != "prefill")
+        return {
+            **_common(result.new_tokens, result.finish_reason, st.times["prefill"], decode_s, len(result.new_tokens) - 1),
+            "times": dict(st.times),
+            "rounds": st.rounds,
+            "proposed": st.proposed,
+            "accepted": st.accepted,
+            "accept_lengths": st.accept_lengths,
+            "proposed_lengths": st.proposed_lengths,
+            "position_proposed": st.position_proposed,
+            "position_accepted": st.position_accepted,
+            "round_tokens": None,
+            "target_calls": st.target_calls,
+            "draft_calls": st.draft_calls,
+        }
+
+    def _proposer(self, method: Method) -> DraftModel | PromptLookup | None:
+        if method.kind == "draft":
+            return DraftModel(self.draft, method.k)
+        if method.kind == "lookup":
+            return PromptLookup(method.k, max_ngram=method.ngram)
+        return None
+
+    def _run_hf(self, method: Method, prompt_ids: list[int], seed: int | None, max_new_tokens: int) -> dict:
+        ids = torch.tensor([prompt_ids], dtype=torch.long, device=self.target.device)
+        extra = self._hf_method_kwargs(method)
+        clock = _TokenClock(_synchronize(self.target.device))
+        if seed is not None:
+            torch.manual_seed(seed)
+        draft = extra.get("assistant_model")
+        with _count_calls(self.target) as target_calls, _count_calls(draft) as draft_calls:
+            clock.start()
+            out = self.target.generate(
+                ids, attention_mask=torch.ones_like(ids), generation_config=self._hf_config(method, max_new_tokens),
+                streamer=clock, **extra,
+            )
+            clock.stop()
+        new = out[0, ids.shape[1]:].tolist()
+        eos = set(self.settings.eos_token_ids)
+        finish = "eos" if new and new[-1] in eos else "length"
+        return {
+            **_common(new, finish, clock.prefill_s, clock.decode_s, len(new) - clock.chunks[0]),
+            "times": {"prefill": clock.prefill_s, "decode": clock.decode_s},
+            "rounds": len(clock.chunks) - 1,
+            "proposed": None,
+            "accepted": None,
+            "accept_lengths": None,
+            "proposed_lengths": None,
+            "position_proposed": None,
+            "position_accepted": None,
+            "round_tokens": clock.chunks,
+            "target_calls": target_calls[0],
+            "draft_calls": draft_calls[0],
+        }
+
+    def _hf_config(self, method: Method, max_new_tokens: int) -> GenerationConfig:
+        """A fresh config, so a checkpoint's own defaults (repetition_penalty, top_k=50 ...) cannot
+        make HF decode something other than what specdec decodes."""
+        s = self.settings.sampling
+        eos = list(self.settings.eos_token_ids) or None
+        options = dict(
+            max_new_tokens=max_new_tokens, min_new_tokens=0, eos_token_id=eos,
+            pad_token_id=eos[0] if eos else 0,  # batch of one: never used, but HF warns without it
+        )
+        if s.greedy:
+            options.update(do_sample=False)
+        else:
+            # top_k=0 and top_p=1.0 switch HF's filters off, as None does in specdec.
+            options.update(do_sample=True, temperature=s.temperature, top_k=s.top_k or 0, top_p=s.top_p or 1.0)
+        if method.kind == "hf-lookup":
+            options.update(prompt_lookup_num_tokens=method.k, max_matching_ngram_size=method.ngram)
+        return GenerationConfig(**options)
+
+    def _hf_method_kwargs(self, method: Method) -> dict:
+        if method.kind != "hf-assisted":
+            return {}
+        # transformers (5.24) reads these from the assistant's own generation config, not from
+        # generate()'s arguments; the confidence threshold (default 0.4) would end drafts early,
+        # so it is switched off to propose exactly k tokens per round, as draft:k=K does.
+        cfg = self.draft.generation_config
+        cfg.num_assistant_tokens = method.k
+        cfg.num_assistant_tokens_schedule = "constant"
+        cfg.assistant_confidence_threshold = 0.0
+        return {"assistant_model": self.draft}
+
+
+def _common(new_tokens: list[int], finish: str, prefill_s: float, decode_s: float, decode_tokens: int) -> dict:
+    return {
+        "new_tokens": new_tokens,
+        "n_new": len(new_tokens),
+        "finish_reason": finish,
+        "prefill_s": prefill_s,
+        "decode_s": decode_s,
+        "decode_tokens": decode_tokens,
+        "tokens_per_s": decode_tokens / decode_s if decode_tokens > 0 and decode_s > 0 else None,
+    }
+
+
+class _TokenClock(BaseStreamer):
+    """Times generate(): the first chunk of new tokens ends the prefill. generate() first puts the
+    prompt, then each step's (or each speculative round's) committed tokens."""
+
+    def __init__(self, sync):
+        self._sync = sync
+        self._prompt_seen = False
+        self.chunks: list[int] = []
+
+    def start(self) -> None:
+        self._sync()
+        self._t0 = self._first = time.perf_counter()
+
+    def put(self, value: torch.Tensor) -> None:
+        if not self._prompt_seen:
+            self._prompt_seen = True
+            return
+        if not self.chunks:
+            self._sync()
+            self._first = time.perf_counter()
+        self.chunks.append(value.numel())
+
+    def end(self) -> None:
+        pass  # the clock stops in stop(), after generate() has returned its output
+
+    def stop(self) -> None:
+        self._sync()
+        end = time.perf_counter()
+        self.prefill_s, self.decode_s = self._first - self._t0, end - self._first
+
+
+def _synchronize(device: torch.device):
+    return (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+
+
+@contextmanager
+def _count_calls(model: PreTrainedModel | None) -> Iterator[list[int]]:
+    """Forward calls of `model` inside the block, in a one-element list filled as they happen."""
+    count = [0]
+    if model is None:
+        yield count
+        return
+    handle = model.register_forward_pre_hook(lambda *_: count.__setitem__(0, count[0] + 1))
+    try:
+        yield count
+    finally:
+        handle.remove()

@@ -1,0 +1,77 @@
+"""The `--methods` list: `ar,draft:k=4,lookup:k=8:ngram=3,hf-ar,hf-assisted:k=6,hf-lookup:k=10`.
+
+Methods are separated by commas and a method's options by colons, so the list needs no quoting.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from ..errors import SpecdecError
+
+# Options each kind accepts; ar and hf-ar guess nothing, so they take none.
+OPTIONS = {
+    "ar": (),
+    "draft": ("k",),
+    "lookup": ("k", "ngram"),
+    "hf-ar": (),
+    "hf-assisted": ("k",),
+    "hf-lookup": ("k", "ngram"),
+}
+# The proposer each HF method mirrors, for its default k.
+_MIRRORS = {"hf-assisted": "draft", "hf-lookup": "lookup"}
+
+
+@dataclass(frozen=True)
+class Method:
+    label: str  # canonical spelling, every option written out: the key of its rows
+    kind: str
+    k: int | None = None
+    ngram: int | None = None
+
+    @property
+    def is_hf(self) -> bool:
+        return self.kind.startswith("hf-")
+
+    @property
+    def needs_draft(self) -> bool:
+        return self.kind in ("draft", "hf-assisted")
+
+
+def parse_methods(text: str, default_k: Mapping[str, int], default_ngram: int) -> list[Method]:
+    """Parse the comma list; `default_k` maps draft/lookup to their k when none is written."""
+    methods = [parse_method(part.strip(), default_k, default_ngram) for part in text.split(",")]
+    labels = [m.label for m in methods]
+    duplicates = sorted({label for label in labels if labels.count(label) > 1})
+    if duplicates:
+        raise SpecdecError(f"--methods lists {duplicates[0]} twice")
+    return methods
+
+
+def parse_method(text: str, default_k: Mapping[str, int], default_ngram: int) -> Method:
+    kind, *options = text.split(":")
+    if kind not in OPTIONS:
+        raise SpecdecError(f"unknown method {kind!r} in --methods; use: {', '.join(OPTIONS)}")
+    values = dict(_option(text, kind, option) for option in options)
+    if not OPTIONS[kind]:
+        return Method(kind, kind)
+    k = values.get("k", default_k[_MIRRORS.get(kind, kind)])
+    if "ngram" not in OPTIONS[kind]:
+        return Method(f"{kind}:k={k}", kind, k)
+    ngram = values.get("ngram", default_ngram)
+    return Method(f"{kind}:k={k}:ngram={ngram}", kind, k, ngram)
+
+
+def _option(text: str, kind: str, option: str) -> tuple[str, int]:
+    key, sep, value = option.partition("=")
+    if not sep or key not in OPTIONS[kind]:
+        allowed = ", ".join(f"{o}=N" for o in OPTIONS[kind]) or "no options"
+        raise SpecdecError(f"bad option {option!r} in method {text!r}; {kind} takes {allowed}")
+    try:
+        number = int(value)
+    except ValueError:
+        raise SpecdecError(f"{key} in method {text!r} must be a whole number, got {value!r}") from None
+    if number < 1:
+        raise SpecdecError(f"{key} in method {text!r} must be >= 1, got {number}")
+    return key, number

@@ -1,0 +1,92 @@
+"""The benchmark protocol: warm up every method once, then run the methods interleaved per prompt
+(A B C, A B C, ...) so that slow drifts of the machine (heat, other load) hit them alike, writing
+each row as soon as it is measured and skipping rows a previous run already wrote."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from tqdm import tqdm
+
+from .datasets import Prompt
+from .methods import Method
+from .store import RowWriter, read_rows
+
+
+class Executes(Protocol):
+    def run(self, method: Method, prompt_ids: list[int], repeat: int) -> dict: ...
+
+    def warm_up(self, method: Method, prompt_ids: list[int]) -> None: ...
+
+
+@dataclass(frozen=True)
+class EncodedPrompt:
+    prompt: Prompt
+    ids: list[int]
+
+
+@dataclass(frozen=True)
+class Run:
+    item: EncodedPrompt
+    repeat: int
+    method: Method
+
+
+def pending_runs(
+    prompts: list[EncodedPrompt], methods: list[Method], repeats: int, done: set[tuple[str, str, int]]
+) -> list[Run]:
+    """Every (prompt, repeat, method) not in `done`, in the interleaved order."""
+    return [
+        Run(item, repeat, method)
+        for item in prompts
+        for repeat in range(repeats)
+        for method in methods
+        if (item.prompt.id, method.label, repeat) not in done
+    ]
+
+
+def run_bench(
+    out: Path,
+    config: dict,
+    prompts: list[EncodedPrompt],
+    methods: list[Method],
+    repeats: int,
+    executor: Executes,
+    progress: bool = True,
+) -> int:
+    """Measure every run not yet in out/results.jsonl; return how many rows were written.
+    An interrupt propagates after the rows finished so far are safely on disk."""
+    done = {(r["prompt_id"], r["method"], r["repeat"]) for r in read_rows(out)}
+    todo = pending_runs(prompts, methods, repeats, done)
+    with RowWriter(out, config) as writer:
+        if not todo:
+            return 0
+        _warm_up(todo, executor)
+        with tqdm(total=len(todo), unit="run", desc="bench", disable=not progress) as bar:
+            for run in todo:
+                bar.set_postfix_str(f"{run.method.label} on {run.item.prompt.id}", refresh=False)
+                writer.write(_row(run, executor.run(run.method, run.item.ids, run.repeat)))
+                bar.update()
+    return len(todo)
+
+
+def _warm_up(todo: list[Run], executor: Executes) -> None:
+    """One discarded generation per method still to run, on the first prompt still to run:
+    first calls pay for memory allocation and thread start-up, which no row should carry."""
+    first = todo[0].item
+    for method in dict.fromkeys(run.method for run in todo):
+        executor.warm_up(method, first.ids)
+
+
+def _row(run: Run, measured: dict) -> dict:
+    p = run.item.prompt
+    return {
+        "prompt_id": p.id,
+        "category": p.category,
+        "method": run.method.label,
+        "repeat": run.repeat,
+        "n_prompt": len(run.item.ids),
+        **measured,
+    }

@@ -1,0 +1,268 @@
+"""Benchmark rows -> summary: throughput, paired speedup over `ar` with bootstrap intervals,
+acceptance, greedy equality and the cost model's prediction, overall and per category.
+
+Reads only the rows (and the run's config); knows nothing about models or engines."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable
+
+import numpy as np
+
+from ..costmodel import Acceptance, Costs, prediction_error, predicted_speedup
+
+BASELINE = "ar"
+BOOTSTRAP_RESAMPLES = 2000
+BOOTSTRAP_SEED = 0
+PHASES = ("propose", "verify", "accept", "other")  # the decode phases of specdec's rounds
+
+NOTES = {
+    "tokens_per_s": "decode throughput of one run: tokens after the first chunk / time after it "
+    "(prefill excluded; the first chunk is the prefill's token, or for HF speculative methods the "
+    "first round, which transformers runs together with the prefill)",
+    "speedup": "per prompt: the method's tokens_per_s over ar's on the same prompt and repeat, "
+    "geometric mean over repeats; median, quartiles and geometric mean over prompts; 95% intervals "
+    f"from {BOOTSTRAP_RESAMPLES} bootstrap resamples of the prompts (seed {BOOTSTRAP_SEED})",
+    "mean_accepted_length": "tokens committed per target call in decode rounds, the target's own "
+    "token included: (accepted + rounds) / rounds over all runs; for HF methods the sizes of the "
+    "streamer's chunks after the first",
+    "acceptance_rate": "accepted / proposed draft tokens over all runs (specdec methods only)",
+    "position_acceptance": "[i]: P(guess i+1 accepted | guesses 1..i accepted and guess i+1 "
+    "proposed), over all decode rounds of all runs",
+    "accept_length_histogram": "[a]: decode rounds that accepted a guesses (rounds that proposed "
+    "nothing count at a=0; rounds_without_proposal says how many)",
+    "time_per_token_s": "seconds per decode token: each phase's total time over all decode tokens",
+    "greedy_equal": "greedy runs only: prompts whose tokens differ from ar's in any repeat",
+    "prediction": "costmodel.predicted_speedup fed with this group's measurements: C_T(1) = ar's "
+    "verify time per decode round (one target call each); baseline overhead = ar's propose+accept+"
+    "other time per round; C_D = the draft method's propose time per decode draft call (the draft's "
+    "prefill call is excluded), or for lookup its propose time per round / k; C_V(k) = the method's "
+    "verify time per round, measured at its mean block size (mean_block_size, which for lookup is "
+    "below k+1); C_R = 0 and C_O = accept+other time per round (trims are timed inside the accept "
+    "phase); rates r_i over all rounds, a round proposing fewer than i tokens counting as a "
+    "rejection at i, so E[tokens per round] equals the measured mean accepted length. Built this "
+    "way the model reproduces the ratio of total throughputs; its error against the measured "
+    "geometric-mean speedup shows how far per-prompt variation and truncation at max_new_tokens/EOS "
+    "move the answer",
+}
+
+
+def summarize(rows: list[dict], config: dict) -> dict:
+    """The summary.json content for `rows` of a run with `config`."""
+    order = [m["label"] for m in config["methods"]]
+    methods = {m["label"]: m for m in config["methods"]}
+    greedy = config["sampling"]["temperature"] == 0
+    categories = list(dict.fromkeys(r["category"] for r in rows))
+    return {
+        "config": config,
+        "notes": NOTES,
+        "overall": summarize_group(rows, order, methods, greedy),
+        "categories": {
+            c: summarize_group([r for r in rows if r["category"] == c], order, methods, greedy) for c in categories
+        },
+    }
+
+
+def summarize_group(rows: list[dict], order: list[str], methods: dict[str, dict], greedy: bool) -> dict:
+    by_method = defaultdict(list)
+    for row in rows:
+        by_method[row["method"]].append(row)
+    baseline = by_method.get(BASELINE, [])
+    return {
+        "n_prompts": len({r["prompt_id"] for r in rows}),
+        "methods": {
+            label: summarize_method(by_method[label], methods[label], baseline, greedy)
+            for label in order
+            if by_method[label]
+        },
+    }
+
+
+def summarize_method(rows: list[dict], method: dict, baseline: list[dict], greedy: bool) -> dict:
+    is_baseline = method["label"] == BASELINE
+    speedup = None if is_baseline or not baseline else speedup_summary(paired_speedups(rows, baseline))
+    spec = method["kind"] in ("draft", "lookup")
+    return {
+        "kind": method["kind"],
+        "k": method.get("k"),
+        "runs": len(rows),
+        "tokens_per_s": quartiles([r["tokens_per_s"] for r in rows if r["tokens_per_s"]]),
+        "prefill_s": quartiles([r["prefill_s"] for r in rows]),
+        "mean_new_tokens": float(np.mean([r["n_new"] for r in rows])),
+        "speedup": speedup,
+        **acceptance_summary(rows),
+        "time_per_token_s": time_per_token(rows),
+        "greedy_equal": greedy_equality(rows, baseline) if greedy and baseline and not is_baseline else None,
+        "prediction": prediction(rows, baseline, method, speedup) if spec and speedup else None,
+        "peak_memory_bytes": max(r["peak_memory_bytes"] for r in rows),
+    }
+
+
+def quartiles(values) -> dict | None:
+    if len(values) == 0:
+        return None
+    q1, median, q3 = np.percentile(values, [25, 50, 75])
+    return {"median": float(median), "q1": float(q1), "q3": float(q3), "n": len(values)}
+
+
+def geomean(values) -> float:
+    return float(np.exp(np.mean(np.log(values))))
+
+
+def paired_speedups(rows: list[dict], baseline: list[dict]) -> dict[str, float]:
+    """Per prompt: tokens/s over the baseline's on the same prompt and repeat, geometric mean over
+    repeats. Pairs where either side has no decode throughput (one token, EOS first) are skipped."""
+    base = {(r["prompt_id"], r["repeat"]): r["tokens_per_s"] for r in baseline}
+    ratios = defaultdict(list)
+    for r in rows:
+        other = base.get((r["prompt_id"], r["repeat"]))
+        if r["tokens_per_s"] and other:
+            ratios[r["prompt_id"]].append(r["tokens_per_s"] / other)
+    return {prompt: geomean(values) for prompt, values in ratios.items()}
+
+
+def speedup_summary(per_prompt: dict[str, float]) -> dict | None:
+    if not per_prompt:
+        return None
+    values = np.array(list(per_prompt.values()))
+    return {
+        **quartiles(values),
+        "geomean": geomean(values),
+        "ci95_median": bootstrap_ci(values, lambda x: np.median(x, axis=1)),
+        "ci95_geomean": bootstrap_ci(values, lambda x: np.exp(np.mean(np.log(x), axis=1))),
+        "per_prompt": per_prompt,
+    }
+
+
+def bootstrap_ci(
+    values: np.ndarray,
+    statistic: Callable[[np.ndarray], np.ndarray],
+    resamples: int = BOOTSTRAP_RESAMPLES,
+    seed: int = BOOTSTRAP_SEED,
+) -> list[float]:
+    """Percentile 95% interval of `statistic` (applied along axis 1 of a resamples x n array)
+    over resamples of the prompts with replacement; a fixed seed makes reruns agree."""
+    rng = np.random.default_rng(seed)
+    samples = values[rng.integers(0, len(values), size=(resamples, len(values)))]
+    lo, hi = np.percentile(statistic(samples), [2.5, 97.5])
+    return [float(lo), float(hi)]
+
+
+def acceptance_summary(rows: list[dict]) -> dict:
+    if rows[0]["accept_lengths"] is not None:
+        return _engine_acceptance(rows)
+    # HF methods: each streamer chunk after the first is one target call's committed tokens.
+    committed = [t for r in rows for t in r["round_tokens"][1:]]
+    return {
+        "accept_source": "hf streamer chunks",
+        "rounds": len(committed),
+        "mean_accepted_length": float(np.mean(committed)) if committed else None,
+        "acceptance_rate": None,
+        "position_acceptance": None,
+        "accept_length_histogram": np.bincount(np.array(committed, dtype=int) - 1).tolist() if committed else [],
+        "rounds_without_proposal": None,
+    }
+
+
+def _engine_acceptance(rows: list[dict]) -> dict:
+    rounds = sum(r["rounds"] for r in rows)
+    accepted = sum(r["accepted"] for r in rows)
+    proposed = sum(r["proposed"] for r in rows)
+    lengths = [a for r in rows for a in r["accept_lengths"]]
+    return {
+        "accept_source": "engine",
+        "rounds": rounds,
+        "mean_accepted_length": (accepted + rounds) / rounds if rounds else None,
+        "acceptance_rate": accepted / proposed if proposed else None,
+        "position_acceptance": position_acceptance(rows),
+        "accept_length_histogram": np.bincount(lengths).tolist() if lengths else [],
+        "rounds_without_proposal": sum(p == 0 for r in rows for p in r["proposed_lengths"]),
+    }
+
+
+def position_acceptance(rows: list[dict]) -> list[float]:
+    """[i]: P(guess i+1 accepted | guesses 1..i accepted and guess i+1 proposed), from the
+    per-round lists: the rows' position_accepted/position_proposed counts cannot condition on
+    the earlier guesses."""
+    rounds = [(a, p) for r in rows for a, p in zip(r["accept_lengths"], r["proposed_lengths"])]
+    reached = np.zeros(max((p for _, p in rounds), default=0))
+    passed = np.zeros_like(reached)
+    for accepted, proposed in rounds:
+        reached[: min(accepted + 1, proposed)] += 1
+        passed[:accepted] += 1
+    depth = int(np.count_nonzero(reached))  # reached never grows with i: positions past it saw no round
+    return (passed[:depth] / reached[:depth]).tolist()
+
+
+def time_per_token(rows: list[dict]) -> dict | None:
+    tokens = sum(r["decode_tokens"] for r in rows)
+    if tokens <= 0:
+        return None
+    phases = PHASES if "verify" in rows[0]["times"] else ()  # HF's decode is one undivided span
+    split = {phase: _total(rows, phase) / tokens for phase in phases}
+    return {**split, "decode": sum(r["decode_s"] for r in rows) / tokens}
+
+
+def greedy_equality(rows: list[dict], baseline: list[dict]) -> dict:
+    base = {(r["prompt_id"], r["repeat"]): r["new_tokens"] for r in baseline}
+    pairs = [(r["prompt_id"], r["new_tokens"] == base[key]) for r in rows if (key := (r["prompt_id"], r["repeat"])) in base]
+    mismatching = list(dict.fromkeys(prompt for prompt, equal in pairs if not equal))
+    return {
+        "prompts_compared": len({prompt for prompt, _ in pairs}),
+        "mismatches": len(mismatching),
+        "mismatching_prompts": mismatching,
+    }
+
+
+def prediction(rows: list[dict], baseline: list[dict], method: dict, speedup: dict) -> dict | None:
+    """The cost model's speedup from this group's measured costs (see NOTES["prediction"])."""
+    base_rounds = sum(r["rounds"] for r in baseline)
+    rounds = sum(r["rounds"] for r in rows)
+    if not base_rounds or not rounds:
+        return None
+    k = method["k"]
+    c_target = _total(baseline, "verify") / base_rounds
+    if c_target <= 0:
+        return None
+    c_verify = _total(rows, "verify") / rounds
+    if method["kind"] == "draft":
+        # begin() runs one draft forward over the prompt per generation, charged to prefill.
+        decode_calls = sum(r["draft_calls"] for r in rows) - len(rows)
+        c_draft = _total(rows, "propose") / decode_calls if decode_calls > 0 else 0.0
+    else:
+        c_draft = _total(rows, "propose") / (rounds * k)
+    costs = Costs(
+        c_target=c_target,
+        c_draft=c_draft,
+        c_verify={k: c_verify},
+        c_repair=0.0,
+        c_overhead=(_total(rows, "accept") + _total(rows, "other")) / rounds,
+        c_baseline_overhead=sum(_total(baseline, p) for p in ("propose", "accept", "other")) / base_rounds,
+    )
+    histogram = np.bincount([a for r in rows for a in r["accept_lengths"]], minlength=k + 1)
+    acceptance = Acceptance.from_histogram(histogram)
+    predicted = predicted_speedup(costs, acceptance, k)
+    measured = speedup["geomean"]
+    return {
+        "predicted_speedup": predicted,
+        "measured_speedup": measured,
+        "measured_as": "geomean of per-prompt paired speedups",
+        "relative_error": prediction_error(predicted, measured),
+        "inputs": {
+            "k": k,
+            "c_target": c_target,
+            "c_draft": c_draft,
+            "c_verify": c_verify,
+            "mean_block_size": 1 + sum(r["proposed"] for r in rows) / rounds,
+            "c_repair": costs.c_repair,
+            "c_overhead": costs.c_overhead,
+            "c_baseline_overhead": costs.c_baseline_overhead,
+            "rates": list(acceptance.rates),
+            "expected_tokens_per_round": acceptance.expected_tokens,
+        },
+    }
+
+
+def _total(rows: list[dict], phase: str) -> float:
+    return sum(r["times"][phase] for r in rows)

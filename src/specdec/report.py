@@ -1,0 +1,237 @@
+"""summary.json -> report.md with tables and PNG plots. Reads only the summary dict, so a report
+can be rebuilt anywhere from a copied summary."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg  # files only: no display needed
+from matplotlib.figure import Figure
+
+REPORT = "report.md"
+TIME_PARTS = ("propose", "verify", "accept", "other")
+HF_DECODE = "decode (HF, not split)"
+
+
+def write_report(summary: dict, out: Path) -> Path:
+    """Write report.md and its plots into `out`; return the report's path."""
+    plots = {
+        "speedup.png": plot_speedup,
+        "accept_lengths.png": plot_accept_lengths,
+        "acceptance_by_position.png": plot_position_acceptance,
+        "time_breakdown.png": plot_time_breakdown,
+    }
+    made = [name for name, plot in plots.items() if _save(plot, summary, out / name)]
+    path = out / REPORT
+    path.write_text(render_markdown(summary, made), encoding="utf-8")
+    return path
+
+
+def _save(plot: Callable[[Figure, dict], bool], summary: dict, path: Path) -> bool:
+    """Draw one plot; False (and no file) when the summary has nothing for it."""
+    fig = Figure(figsize=(8, 4.5), layout="constrained")
+    FigureCanvasAgg(fig)
+    if not plot(fig, summary):
+        path.unlink(missing_ok=True)  # a stale plot from an earlier report must not linger
+        return False
+    fig.savefig(path, dpi=110)
+    return True
+
+
+def render_markdown(summary: dict, plots: list[str]) -> str:
+    lines = ["# specdec bench report", "", *_header(summary["config"]), ""]
+    lines += _table("Overall", summary["overall"])
+    if len(summary["categories"]) > 1:
+        for name, group in summary["categories"].items():
+            lines += _table(f"Category: {name}", group)
+    lines += _prediction_table(summary["overall"])
+    lines += _equality_section(summary["overall"])
+    lines += ["## Plots", ""] + [f"![{name[:-4]}]({name})" for name in plots] + [""]
+    lines += ["## How each figure is measured", ""]
+    lines += [f"- **{key}**: {text}." for key, text in summary["notes"].items()]
+    return "\n".join(lines) + "\n"
+
+
+def _header(config: dict) -> list[str]:
+    s = config["sampling"]
+    sampling = "greedy" if s["temperature"] == 0 else (
+        f"sampling: temperature {s['temperature']}, top_k {s['top_k']}, top_p {s['top_p']}, seed {s['seed']}"
+    )
+    sel = config["selection"]
+    chosen = ", ".join(f"{k} {v}" for k, v in sel.items() if v is not None) or "all prompts"
+    env = config["environment"]
+    return [
+        f"- target **{config['target']}**" + (f", draft **{config['draft']}**" if config.get("draft") else ""),
+        f"- {config['dtype']} on {config['device']} ({env['device_name']}, {env['threads']} threads); "
+        f"torch {env['torch']}, transformers {env['transformers']}",
+        f"- dataset **{config['dataset']['name']}** ({chosen}; {len(config['prompt_ids'])} prompts), "
+        f"{'raw prompts' if config['raw'] else 'chat template applied where the tokenizer has one'}",
+        f"- up to {config['max_new_tokens']} new tokens, {sampling}, {config['repeats']} repeat(s), "
+        f"methods interleaved per prompt after one warm-up generation each",
+        f"- peak memory: {config['memory']['meaning']}",
+    ]
+
+
+def _table(title: str, group: dict) -> list[str]:
+    head = ("| method | tok/s median [q1, q3] | speedup median [95% CI] | geomean [95% CI] | "
+            "mean accepted length | acceptance | predicted (error) | prefill s | peak MiB |")
+    rows = [f"## {title} ({group['n_prompts']} prompts)", "", head, "|" + "---|" * 9]
+    for label, m in group["methods"].items():
+        rows.append("| " + " | ".join([
+            f"`{label}`",
+            _quartiles(m["tokens_per_s"]),
+            _interval(m["speedup"], "median", "ci95_median"),
+            _interval(m["speedup"], "geomean", "ci95_geomean"),
+            _num(m["mean_accepted_length"]),
+            _pct(m["acceptance_rate"]),
+            _predicted(m["prediction"]),
+            _num(m["prefill_s"]["median"]),
+            f"{m['peak_memory_bytes'] / 2**20:.0f}",
+        ]) + " |")
+    return rows + [""]
+
+
+def _prediction_table(group: dict) -> list[str]:
+    preds = {label: m["prediction"] for label, m in group["methods"].items() if m["prediction"]}
+    if not preds:
+        return []
+    rows = [
+        "## Cost model inputs (overall, milliseconds)", "",
+        "| method | C_T(1) | C_D | C_V(k) | mean block | C_O | ar overhead | rates | E[tokens/round] | "
+        "predicted | measured | error |",
+        "|" + "---|" * 12,
+    ]
+    for label, p in preds.items():
+        i = p["inputs"]
+        rows.append("| " + " | ".join([
+            f"`{label}`", _ms(i["c_target"]), _ms(i["c_draft"]), _ms(i["c_verify"]), _num(i["mean_block_size"]),
+            _ms(i["c_overhead"]), _ms(i["c_baseline_overhead"]), ", ".join(f"{r:.2f}" for r in i["rates"]),
+            _num(i["expected_tokens_per_round"]), _num(p["predicted_speedup"]), _num(p["measured_speedup"]),
+            f"{100 * p['relative_error']:+.1f}%",
+        ]) + " |")
+    return rows + [""]
+
+
+def _equality_section(group: dict) -> list[str]:
+    checks = {label: m["greedy_equal"] for label, m in group["methods"].items() if m["greedy_equal"]}
+    if not checks:
+        return []
+    lines = ["## Greedy output equal to ar", ""]
+    for label, c in checks.items():
+        verdict = "all equal" if not c["mismatches"] else (
+            f"**{c['mismatches']} differ**: {', '.join(map(str, c['mismatching_prompts']))}"
+        )
+        lines.append(f"- `{label}`: {c['prompts_compared']} prompts compared, {verdict}")
+    return lines + [""]
+
+
+def _quartiles(q: dict | None) -> str:
+    return "-" if q is None else f"{q['median']:.2f} [{q['q1']:.2f}, {q['q3']:.2f}]"
+
+
+def _interval(s: dict | None, centre: str, ci: str) -> str:
+    return "-" if s is None else f"{s[centre]:.2f} [{s[ci][0]:.2f}, {s[ci][1]:.2f}]"
+
+
+def _predicted(p: dict | None) -> str:
+    return "-" if p is None else f"{p['predicted_speedup']:.2f} ({100 * p['relative_error']:+.1f}%)"
+
+
+def _num(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}"
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.0f}%"
+
+
+def _ms(x: float) -> str:
+    return f"{1000 * x:.1f}"
+
+
+def plot_speedup(fig: Figure, summary: dict) -> bool:
+    groups = {"overall": summary["overall"]}
+    if len(summary["categories"]) > 1:
+        groups.update(summary["categories"])
+    labels = [label for label, m in summary["overall"]["methods"].items() if m["speedup"]]
+    if not labels:
+        return False
+    ax = fig.add_subplot()
+    width = 0.8 / len(labels)
+    for j, label in enumerate(labels):
+        xs, ys, errs = [], [], [[], []]
+        for i, group in enumerate(groups.values()):
+            s = group["methods"].get(label, {}).get("speedup")
+            if s:
+                xs.append(i + (j - (len(labels) - 1) / 2) * width)
+                ys.append(s["median"])
+                errs[0].append(s["median"] - s["ci95_median"][0])
+                errs[1].append(s["ci95_median"][1] - s["median"])
+        ax.errorbar(xs, ys, yerr=errs, fmt="o", capsize=3, label=label)
+    ax.axhline(1.0, color="grey", lw=1, ls="--")
+    ax.set_xticks(range(len(groups)), list(groups))
+    ax.set_ylabel("decode speedup over ar (median, 95% CI)")
+    ax.legend(fontsize="small")
+    return True
+
+
+def plot_accept_lengths(fig: Figure, summary: dict) -> bool:
+    methods = {label: m for label, m in summary["overall"]["methods"].items()
+               if m["k"] and m["accept_length_histogram"]}
+    if not methods:
+        return False
+    ax = fig.add_subplot()
+    width = 0.8 / len(methods)
+    for j, (label, m) in enumerate(methods.items()):
+        counts = np.array(m["accept_length_histogram"], dtype=float)
+        ax.bar(np.arange(len(counts)) + (j - (len(methods) - 1) / 2) * width, counts / counts.sum(), width, label=label)
+    ax.set_xticks(range(max(len(m["accept_length_histogram"]) for m in methods.values())))
+    ax.set_xlabel("draft tokens accepted in a round")
+    ax.set_ylabel("share of decode rounds")
+    ax.legend(fontsize="small")
+    return True
+
+
+def plot_position_acceptance(fig: Figure, summary: dict) -> bool:
+    methods = {label: m["position_acceptance"] for label, m in summary["overall"]["methods"].items()
+               if m["position_acceptance"]}
+    if not methods:
+        return False
+    ax = fig.add_subplot()
+    for label, rates in methods.items():
+        ax.plot(range(1, len(rates) + 1), rates, marker="o", label=label)
+    ax.set_xticks(range(1, max(map(len, methods.values())) + 1))
+    ax.set_xlabel("draft position")
+    ax.set_ylabel("P(accepted | earlier ones accepted)")
+    ax.set_ylim(0, 1.05)
+    ax.legend(fontsize="small")
+    return True
+
+
+def plot_time_breakdown(fig: Figure, summary: dict) -> bool:
+    methods = {label: m for label, m in summary["overall"]["methods"].items() if m["time_per_token_s"]}
+    if not methods:
+        return False
+    decode, prefill = fig.subplots(1, 2, width_ratios=[3, 1])
+    x = np.arange(len(methods))
+    bottom = np.zeros(len(methods))
+    stacks = [_time_parts(m["time_per_token_s"]) for m in methods.values()]
+    for part in (*TIME_PARTS, HF_DECODE):
+        ms = np.array([1000 * stack.get(part, 0.0) for stack in stacks])
+        if ms.any():
+            decode.bar(x, ms, bottom=bottom, label=part, hatch="//" if part == HF_DECODE else None)
+            bottom += ms
+    decode.set_xticks(x, list(methods), rotation=30, ha="right", fontsize="small")
+    decode.set_ylabel("ms per decode token")
+    decode.legend(fontsize="small")
+    prefill.bar(x, [m["prefill_s"]["median"] for m in methods.values()], color="grey")
+    prefill.set_xticks(x, list(methods), rotation=30, ha="right", fontsize="small")
+    prefill.set_ylabel("prefill s (median)")
+    return True
+
+
+def _time_parts(per_token: dict) -> dict:
+    # HF methods have one undivided decode span; specdec's splits into its round phases.
+    return {p: per_token[p] for p in TIME_PARTS} if "verify" in per_token else {HF_DECODE: per_token["decode"]}
