@@ -2,6 +2,8 @@
 
 from .engine import GenerationResult, generate
 from .errors import SpecdecError
+from .models import load_model
+from .prompts import encode_prompt
 from .proposers import DraftModel, PromptLookup
 from .sampling import SamplingConfig
 from .stats import GenerationStats
@@ -13,5 +15,7 @@ __all__ = [
     "PromptLookup",
     "SamplingConfig",
     "SpecdecError",
+    "encode_prompt",
     "generate",
+    "load_model",
 ]
