@@ -4,19 +4,18 @@ Tiny float32 models (one layer, vocabulary 8, init 0.5: target entropy about 0.8
 draft is the target plus weight noise, total variation between p and q 0.36-0.52), so p and q
 are peaked and differ, and rounds accept, reject and take bonuses. The exact joint distribution of the first four new tokens is enumerated from the
 target's logits; N speculative generations are compared with it by a chi-square test per
-position (cells with expected count < 5 merged). Threshold: p-value > 1e-4 for the correct
+position (cells with expected count < 5 merged), the same functions `specdec check` uses. Threshold: p-value > 1e-4 for the correct
 rule (about 30 tests here, so a false alarm has probability < 0.3% and the seeds are fixed);
 a known-wrong rule (resampling from p instead of the residual) must reach p-value < 1e-6.
 """
 
-import itertools
+from collections import Counter
 
-import numpy as np
 import pytest
 import torch
-from scipy.stats import chisquare
 
 from specdec import DraftModel, PromptLookup, generate, verify
+from specdec.check import chi2_pvalue, exact_joint, sampling_pvalues
 from specdec.sampling import SamplingConfig, probs
 
 from conftest import perturbed, tiny_model
@@ -36,49 +35,21 @@ def pair():
     return make_pair(0)
 
 
-def exact_joint(target, cfg: SamplingConfig) -> np.ndarray:
-    """P(x1..x4) under plain sampling from the target, as an array of shape [V]*4."""
-    joint = np.ones([1] * 0)
-    for length in range(POSITIONS):
-        prefixes = list(itertools.product(range(V), repeat=length))
-        batch = torch.tensor([PROMPT + list(p) for p in prefixes])
-        with torch.no_grad():
-            logits = target(input_ids=batch).logits[:, -1].float()
-        step = probs(logits, cfg).numpy().reshape([V] * length + [V])
-        joint = joint[..., None] * step
-    return joint
+def sample(target, drafter, cfg: SamplingConfig, n: int = N) -> list[tuple[int, ...]]:
+    # max_new_tokens=5 so that the first round may propose 3 tokens: positions 2..4 come
+    # from acceptance, residual and bonus draws.
+    return [tuple(generate(target, PROMPT, drafter=drafter, max_new_tokens=POSITIONS + 1,
+                           temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
+                           seed=i, eos_token_id=[]).new_tokens[:POSITIONS])
+            for i in range(n)]
 
 
-def sample(target, drafter_factory, cfg: SamplingConfig, n: int = N) -> np.ndarray:
-    out = np.empty((n, POSITIONS), dtype=np.int64)
-    for i in range(n):
-        # max_new_tokens=5 so that the first round may propose 3 tokens: positions 2..4 come
-        # from acceptance, residual and bonus draws.
-        tokens = generate(target, PROMPT, drafter=drafter_factory(), max_new_tokens=POSITIONS + 1,
-                          temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
-                          seed=i, eos_token_id=[]).new_tokens
-        out[i] = tokens[:POSITIONS]
-    return out
-
-
-def chi2_pvalue(observed_tokens: np.ndarray, expected_probs: np.ndarray) -> float:
-    observed = np.bincount(observed_tokens, minlength=expected_probs.size).astype(float)
-    expected = expected_probs.astype(np.float64).ravel() * observed_tokens.size
-    assert observed[expected == 0].sum() == 0, "a zero-probability token was generated"
-    big = expected >= 5
-    obs = np.append(observed[big], observed[~big].sum())
-    exp = np.append(expected[big], expected[~big].sum())
-    keep = exp > 0
-    assert keep.sum() >= 2, "too few cells: the test distribution is too peaked to say anything"
-    return chisquare(obs[keep], exp[keep] * obs[keep].sum() / exp[keep].sum()).pvalue
-
-
-def pvalues(samples: np.ndarray, joint: np.ndarray) -> list[float]:
-    axes = range(POSITIONS)
-    marginals = [chi2_pvalue(samples[:, i], joint.sum(axis=tuple(a for a in axes if a != i)))
-                 for i in axes]
-    pair23 = samples[:, 1] * V + samples[:, 2]
-    return marginals + [chi2_pvalue(pair23, joint.sum(axis=(0, 3)))]
+def pvalues(target, drafter, cfg: SamplingConfig) -> list[float]:
+    """Chi-square p-values of positions 1..4 and of positions 2+3 jointly."""
+    results = sampling_pvalues(sample(target, drafter, cfg), exact_joint(target, PROMPT, cfg, POSITIONS))
+    assert all("zero-probability" not in note for _, note in results.values()), results
+    assert all(note != "one outcome only" for name, (_, note) in results.items() if name != "position 1")
+    return [p for p, _ in results.values()]
 
 
 CONFIGS = {
@@ -92,14 +63,14 @@ CONFIGS = {
 def test_draft_model_sampling_matches_target(name, seed):
     target, draft = make_pair(seed)
     cfg = CONFIGS[name]
-    ps = pvalues(sample(target, lambda: DraftModel(draft, 3), cfg), exact_joint(target, cfg))
+    ps = pvalues(target, DraftModel(draft, 3), cfg)
     assert min(ps) > PASS, ps
 
 
 def test_prompt_lookup_sampling_matches_target(pair):
     target, _ = pair
     cfg = CONFIGS["plain"]
-    ps = pvalues(sample(target, lambda: PromptLookup(3, max_ngram=2), cfg), exact_joint(target, cfg))
+    ps = pvalues(target, PromptLookup(3, max_ngram=2), cfg)
     assert min(ps) > PASS, ps
 
 
@@ -112,7 +83,7 @@ def test_resampling_from_p_is_caught(pair, monkeypatch):
         return torch.multinomial(p_row, 1, generator=generator)
 
     monkeypatch.setattr(verify, "_sample_residual", wrong)
-    ps = pvalues(sample(target, lambda: DraftModel(draft, 3), cfg), exact_joint(target, cfg))
+    ps = pvalues(target, DraftModel(draft, 3), cfg)
     assert min(ps) < CAUGHT, ps
 
 
@@ -138,9 +109,10 @@ def test_single_position_rule_on_random_distributions():
         target_logits = torch.randn(2, V, generator=gen) * 3
         q = torch.softmax(torch.randn(V, generator=gen) * 3, -1)
         p = probs(target_logits[0], cfg)
-        counts = np.zeros(V)
-        for _ in range(20000):
+        n, counts = 20000, Counter()
+        for _ in range(n):
             d = torch.multinomial(q, 1, generator=gen)
             v = verify.verify_sampling(target_logits, d, q[None], cfg, gen)
-            counts[(d if v.accepted else v.next_token).item()] += 1
-        assert chi2_pvalue(np.repeat(np.arange(V), counts.astype(int)), p.numpy()) > PASS
+            counts[((d if v.accepted else v.next_token).item(),)] += 1
+        expected = {(t,): float(p[t]) for t in range(V)}
+        assert chi2_pvalue(counts, expected, n)[0] > PASS

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -90,6 +91,39 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_check(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from . import check
+    from .prompts import encode_prompt
+
+    if args.proposer == "none":
+        raise SpecdecError("check compares a proposer with plain decoding: use --proposer draft or lookup")
+    plan = check.CheckPlan(greedy_prompts=args.prompts, greedy_tokens=args.tokens, samples=args.samples,
+                           top_k=args.sample_top_k)
+    target, tokenizer, drafter = load_pair(args)
+    raw = lambda text: tokenizer(text)["input_ids"]
+    start = time.perf_counter()
+    eta = check.estimate_seconds(target, drafter, plan, raw)
+    print(f"[check] estimated time: about {eta / 60:.1f} min", file=sys.stderr)
+    prompts = [encode_prompt(tokenizer, t, raw=args.raw) for t in check.GREEDY_PROMPTS[: plan.greedy_prompts]]
+    contexts = [raw(t) for t in check.SAMPLING_CONTEXTS]
+    with tqdm(total=plan.samples * len(contexts), desc="sampling", file=sys.stderr) as bar:
+        results = check.run_checks([
+            ("greedy", lambda: check.check_greedy(target, drafter, prompts, plan.greedy_tokens)),
+            ("sampling", lambda: check.check_sampling(target, drafter, contexts, plan, progress=bar.update)),
+            ("invariants", lambda: check.check_invariants(target, drafter, prompts[0], plan.greedy_tokens)),
+        ])
+    seconds = time.perf_counter() - start
+    if args.json:
+        print(json.dumps(check.to_json(results, seconds)))
+    else:
+        for r in results:
+            print(f"{'PASS' if r.passed else 'FAIL'}  {r.name}\n      {r.detail}")
+        print(f"[check] {sum(r.passed for r in results)}/{len(results)} passed in {seconds:.0f} s")
+    return 0 if all(r.passed for r in results) else 1
+
+
 def summary_line(result) -> str:
     s = result.stats
     t = s.times
@@ -128,6 +162,15 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--color", choices=["auto", "always", "never"], default="auto",
                    help="green: tokens the proposer guessed; plain: tokens from the target")
     g.set_defaults(func=cmd_generate)
+    c = sub.add_parser("check", help="prove losslessness of speculation on a model pair")
+    add_model_args(c)
+    c.add_argument("--prompts", type=int, default=4, help="greedy prompts (built-in, several languages)")
+    c.add_argument("--tokens", type=int, default=32, help="new tokens per greedy prompt")
+    c.add_argument("--samples", type=int, default=100, help="sampled generations per context")
+    c.add_argument("--sample-top-k", type=int, default=3, help="top-k for the sampling check (few cells)")
+    c.add_argument("--raw", action="store_true", help="no chat template for the greedy prompts")
+    c.add_argument("--json", action="store_true")
+    c.set_defaults(func=cmd_check)
     for register in _plugins():
         register(sub)
     return parser

@@ -1,0 +1,70 @@
+"""`specdec check` passes on a correct engine and catches deliberately broken variants."""
+
+import pytest
+import torch
+
+from specdec import DraftModel, PromptLookup, check, engine, verify
+from specdec.proposers import draft as draft_module
+
+from conftest import perturbed, tiny_model
+
+PROMPTS = [[3, 7, 11, 3, 7, 12, 13], [5, 9, 5, 9, 5, 1]]
+CONTEXT = [[1, 2, 3, 1, 2]]
+PLAN = check.CheckPlan(samples=1200, top_k=3)
+
+
+@pytest.fixture(scope="module")
+def pair():
+    target = tiny_model(7, vocab=16, layers=1, init=0.5)
+    return target, perturbed(target, seed=7, scale=0.1)
+
+
+def run_all(target, drafter):
+    return check.run_checks([
+        ("greedy", lambda: check.check_greedy(target, drafter, PROMPTS, 24)),
+        ("sampling", lambda: check.check_sampling(target, drafter, CONTEXT, PLAN)),
+        ("invariants", lambda: check.check_invariants(target, drafter, PROMPTS[0], 24)),
+    ])
+
+
+def test_correct_engine_passes(pair):
+    target, draft = pair
+    for drafter in (DraftModel(draft, 3), PromptLookup(3)):
+        results = run_all(target, drafter)
+        assert all(r.passed for r in results), [r.detail for r in results if not r.passed]
+
+
+def test_wrong_logits_row_is_caught(pair, monkeypatch):
+    """Judging candidate i by row i+1 (an off-by-one) must fail the greedy check."""
+    target, draft = pair
+    shifted = lambda rows, d: verify.verify_greedy(torch.cat([rows[1:], rows[-1:]]), d)
+    monkeypatch.setattr(engine, "verify_greedy", shifted)
+    result = check.check_greedy(target, DraftModel(draft, 3), PROMPTS, 24)
+    assert not result.passed and "FAILURE" in result.detail
+
+
+def test_residual_replaced_by_p_is_caught(pair, monkeypatch):
+    target, draft = pair
+    monkeypatch.setattr(verify, "_sample_residual",
+                        lambda p_row, q, d, i, g: torch.multinomial(p_row, 1, generator=g))
+    assert not check.check_sampling(target, DraftModel(draft, 3), CONTEXT, PLAN).passed
+
+
+def test_untrimmed_draft_cache_is_caught(pair, monkeypatch):
+    target, draft = pair
+    monkeypatch.setattr(draft_module.DraftModel, "rollback", lambda self, n: None)
+    results = check.run_checks([
+        ("invariants", lambda: check.check_invariants(target, DraftModel(draft, 3), PROMPTS[0], 24)),
+    ])
+    assert not results[0].passed and "draft cache" in results[0].detail
+
+
+def test_chi2_flags_zero_probability_outcomes():
+    p, note = check.chi2_pvalue({(1,): 5, (2,): 1}, {(1,): 1.0}, 6)
+    assert p == 0.0 and "zero-probability" in note
+
+
+def test_marginal_of_a_hand_joint():
+    joint = {(0, 1): 0.25, (0, 2): 0.25, (1, 1): 0.5}
+    assert check.marginal(joint, (0,)) == {(0,): 0.5, (1,): 0.5}
+    assert check.marginal(joint, (1,)) == {(1,): 0.75, (2,): 0.25}
