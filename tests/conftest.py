@@ -45,3 +45,34 @@ def target() -> Qwen2ForCausalLM:
 @pytest.fixture(scope="session")
 def draft(target) -> Qwen2ForCausalLM:
     return perturbed(target, seed=2, scale=0.3)
+
+
+
+def word_tokenizer(vocab: int, prefix: str = "w"):
+    """A word-level tokenizer whose tokens are w0..w{vocab-1}, for running the CLI offline."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    backend = Tokenizer(models.WordLevel({f"{prefix}{i}": i for i in range(vocab)}, unk_token=f"{prefix}0"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    return PreTrainedTokenizerFast(tokenizer_object=backend, unk_token=f"{prefix}0")
+
+
+@pytest.fixture
+def tiny_registry(monkeypatch, target):
+    """Makes load_model serve tiny models by name: "tiny" (the target), "other" (another
+    vocabulary). transformers picks a tokenizer class by model type, so a tiny folder could not
+    carry a word-level tokenizer; folder loading itself is tested in test_models.py."""
+    from specdec import models
+
+    other = tiny_model(5, vocab=32)
+    served = {"tiny": (target, word_tokenizer(64)), "other": (other, word_tokenizer(32, "x"))}
+
+    def fake_load(name, dtype="auto", device="cpu", trust_remote_code=False):
+        if name not in served:
+            return real_load(name, dtype, device, trust_remote_code)
+        return served[name]
+
+    real_load = models.load_model
+    monkeypatch.setattr(models, "load_model", fake_load)
+    return served

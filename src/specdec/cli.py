@@ -59,10 +59,10 @@ def load_pair(args: argparse.Namespace):
 
 def cmd_generate(args: argparse.Namespace) -> int:
     from .engine import generate
-    from .prompts import encode_prompt
+    from .prompts import encode_prompt, require_text
     from .stream import Streamer
 
-    text = _prompt_text(args)
+    text = require_text(_prompt_text(args))
     if args.max_new_tokens < 1:
         raise SpecdecError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     target, tokenizer, drafter = load_pair(args)

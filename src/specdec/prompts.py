@@ -9,8 +9,7 @@ from .errors import SpecdecError
 
 def encode_prompt(tokenizer: PreTrainedTokenizerBase, text: str, raw: bool = False) -> list[int]:
     """Token ids for a user message; `raw` skips the chat template (base models, completions)."""
-    if not text.strip():
-        raise SpecdecError("the prompt is empty: pass --prompt TEXT or a non-empty --prompt-file")
+    require_text(text)
     if raw or not getattr(tokenizer, "chat_template", None):
         return tokenizer(text, add_special_tokens=True)["input_ids"]
     encoded = tokenizer.apply_chat_template(
@@ -18,3 +17,9 @@ def encode_prompt(tokenizer: PreTrainedTokenizerBase, text: str, raw: bool = Fal
     )
     # transformers 5 returns a BatchEncoding here, older releases a plain list.
     return list(encoded["input_ids"] if hasattr(encoded, "keys") else encoded)
+
+
+def require_text(text: str) -> str:
+    if not text.strip():
+        raise SpecdecError("the prompt is empty: pass --prompt TEXT or a non-empty --prompt-file")
+    return text

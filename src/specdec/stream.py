@@ -11,8 +11,8 @@ class Streamer:
     """Prints the text as it is committed. Decoding the whole output each round keeps
     multi-byte characters and merged pieces right; an unfinished character is held back."""
 
-    def __init__(self, tokenizer, color: bool, out=sys.stdout):
-        self.tokenizer, self.color, self.out = tokenizer, color, out
+    def __init__(self, tokenizer, color: bool, out=None):
+        self.tokenizer, self.color, self.out = tokenizer, color, out or sys.stdout
         self.tokens: list[int] = []
         self._printed = ""
 

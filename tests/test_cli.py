@@ -1,0 +1,96 @@
+"""The command line: output formats, and bad input as a one-line error with no traceback."""
+
+import json
+
+import pytest
+import torch
+
+from specdec import SpecdecError, generate
+from specdec.cli import main
+
+from conftest import tiny_model
+
+PROMPT = "w1 w2 w3 w1 w2 w4"
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def base_args(_, *extra):
+    return ["generate", "--target", "tiny", "--draft", "tiny", "--raw", "--prompt", PROMPT, *extra]
+
+
+def test_json_output_equals_plain_decoding(capsys, tiny_registry):
+    runs = {}
+    for proposer in ("none", "lookup", "draft"):
+        code, out, _ = run(capsys, *base_args(tiny_registry, "--json", "--proposer", proposer,
+                                               "--max-new-tokens", "12"))
+        assert code == 0
+        runs[proposer] = json.loads(out)
+    assert runs["lookup"]["new_tokens"] == runs["none"]["new_tokens"] == runs["draft"]["new_tokens"]
+    assert runs["draft"]["finish_reason"] in ("length", "eos")
+    stats = runs["draft"]["stats"]
+    for key in ("rounds", "target_calls", "draft_calls", "proposed", "accepted", "accept_lengths",
+                "position_acceptance", "times", "tokens_per_s", "mean_accepted_length"):
+        assert key in stats
+    assert stats["accepted"] == stats["proposed"]  # the draft is the target itself
+
+
+def test_streaming_marks_draft_tokens(capsys, tiny_registry):
+    code, out, err = run(capsys, *base_args(tiny_registry, "--proposer", "draft", "--max-new-tokens", "12",
+                                             "--color", "always"))
+    assert code == 0
+    assert "\033[32m" in out  # guessed tokens are green
+    assert "mean accepted length" in err
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["-k", "0"], "-k must be >= 1"),
+    (["--max-new-tokens", "0"], "max-new-tokens must be >= 1"),
+    (["--temperature", "-1"], "temperature must be >= 0"),
+    (["--temperature", "1", "--top-p", "0"], "top_p must be in (0, 1]"),
+    (["--temperature", "1", "--top-p", "1.5"], "top_p must be in (0, 1]"),
+    (["--temperature", "1", "--top-k", "0"], "top_k must be >= 1"),
+])
+def test_bad_arguments_one_line_errors(capsys, tiny_registry, extra, message):
+    code, out, err = run(capsys, *base_args(tiny_registry, "--proposer", "lookup", *extra))
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and message in err and "Traceback" not in err
+
+
+def test_unknown_model_lists_known_names(capsys):
+    code, _, err = run(capsys, "generate", "--target", "no-such-model", "--prompt", "hi")
+    assert code == 2 and "qwen2.5-coder-1.5b-instruct" in err and err.count("\n") == 1
+
+
+def test_empty_prompt_and_missing_prompt_file(capsys, tiny_registry, tmp_path):
+    code, _, err = run(capsys, "generate", "--target", "tiny", "--prompt", "  ")
+    assert code == 2 and "empty" in err
+    code, _, err = run(capsys, "generate", "--target", "tiny", "--proposer", "lookup", "--prompt-file", str(tmp_path / "nope"))
+    assert code == 2 and "cannot read --prompt-file" in err
+
+
+def test_over_long_prompt(capsys, tiny_registry):
+    code, _, err = run(capsys, "generate", "--target", "tiny", "--proposer", "lookup", "--raw", "--prompt", "w1 " * 600)
+    assert code == 2 and "context" in err
+
+
+def test_vocabulary_mismatch_suggests_lookup(capsys, tiny_registry):
+    code, _, err = run(capsys, "generate", "--target", "tiny", "--draft", "other", "--prompt", PROMPT)
+    assert code == 2 and "--proposer lookup" in err
+
+
+def test_check_rejects_proposer_none(capsys, tiny_registry):
+    code, _, err = run(capsys, "check", "--target", "tiny", "--proposer", "none")
+    assert code == 2 and "--proposer draft or lookup" in err
+
+
+def test_nan_logits_are_reported_with_position():
+    model = tiny_model(3)
+    with torch.no_grad():
+        model.lm_head.weight[5] = float("nan")
+    with pytest.raises(SpecdecError, match=r"NaN/inf logits at sequence position 3"):
+        generate(model, [1, 2, 3, 4], max_new_tokens=4)
