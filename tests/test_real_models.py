@@ -57,3 +57,27 @@ def test_smollm2_speculation_equals_plain():
     for name, drafter in {"self-draft": DraftModel(model, 4), "lookup": PromptLookup(4)}.items():
         out = generate(model, prompt, drafter=drafter, max_new_tokens=48, check=True)
         assert_equal_or_near_tie(model, prompt, plain, out.new_tokens, f"smollm2/{name}")
+
+
+def test_long_run_smollm2_both_proposers():
+    """1,024 new tokens: cache lengths equal the committed length every round (check=True),
+    output equals plain decoding (or differs first at a near-tie), and memory grows by no more
+    than the KV cache's expected growth plus a margin for allocator slack."""
+    import psutil
+
+    from specdec.costmodel import kv_cache_bytes_for_config
+
+    model, tok = load_model("smollm2-135m-instruct")
+    prompt = encode_prompt(tok, "Tell a long story about a lighthouse keeper and a storm.")
+    n = 1024
+    plain = generate(model, prompt, max_new_tokens=n, eos_token_id=[]).new_tokens
+    kv = kv_cache_bytes_for_config(model.config, len(prompt) + n, model.dtype.itemsize)
+    process = psutil.Process()
+    for name, drafter in {"self-draft": DraftModel(model, 4), "lookup": PromptLookup(4)}.items():
+        before = process.memory_info().rss
+        out = generate(model, prompt, drafter=drafter, max_new_tokens=n, eos_token_id=[], check=True)
+        grown = process.memory_info().rss - before
+        assert len(out.new_tokens) == n and out.finish_reason == "length"
+        assert_equal_or_near_tie(model, prompt, plain, out.new_tokens, f"long/{name}")
+        # The draft's cache doubles the KV bytes for self-draft; 256 MiB covers allocator slack.
+        assert grown < 2 * kv + (256 << 20), f"{name}: RSS grew {grown >> 20} MiB, KV is {kv >> 20} MiB"
