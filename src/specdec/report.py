@@ -13,6 +13,7 @@ from matplotlib.figure import Figure
 REPORT = "report.md"
 TIME_PARTS = ("propose", "verify", "accept", "other")
 HF_DECODE = "decode (HF, not split)"
+ROUGH_BELOW = 10  # prompts: with fewer, resamples take few distinct values and the interval means little
 
 
 def write_report(summary: dict, out: Path) -> Path:
@@ -77,7 +78,10 @@ def _header(config: dict) -> list[str]:
 def _table(title: str, group: dict) -> list[str]:
     head = ("| method | tok/s median [q1, q3] | speedup median [95% CI] | geomean [95% CI] | "
             "mean accepted length | acceptance | predicted (error) | prefill s | peak MiB |")
-    rows = [f"## {title} ({group['n_prompts']} prompts)", "", head, "|" + "---|" * 9]
+    rows = [f"## {title} ({group['n_prompts']} prompts)", ""]
+    if group["n_prompts"] < ROUGH_BELOW:
+        rows += [f"Fewer than {ROUGH_BELOW} prompts: the bootstrap intervals are rough.", ""]
+    rows += [head, "|" + "---|" * 9]
     for label, m in group["methods"].items():
         rows.append("| " + " | ".join([
             f"`{label}`",
