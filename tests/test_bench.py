@@ -236,9 +236,15 @@ def test_paired_speedup_median_geomean_and_interval():
 
 def test_position_acceptance_is_conditional_on_the_earlier_guesses():
     # (accepted, proposed) per round; the last proposed nothing (lookup without a match).
+    from specdec.stats import GenerationStats
+
     rounds = [(0, 3), (1, 3), (3, 3), (2, 2), (0, 0)]
-    rows = [{"accept_lengths": [a for a, _ in rounds[:2]], "proposed_lengths": [p for _, p in rounds[:2]]},
-            {"accept_lengths": [a for a, _ in rounds[2:]], "proposed_lengths": [p for _, p in rounds[2:]]}]
+    rows = []
+    for part in (rounds[:2], rounds[2:]):  # two runs, pooled
+        stats = GenerationStats()
+        for accepted, proposed in part:
+            stats.record_round(proposed, accepted)
+        rows.append(stats.to_dict())
     # position 1: 3 of 4 proposing rounds; 2: 2 of the 3 that got past 1; 3: 1 of 1
     assert position_acceptance(rows) == pytest.approx([3 / 4, 2 / 3, 1.0])
 

@@ -107,3 +107,17 @@ def test_bad_arguments_raise_clear_errors(target):
         DraftModel(target, 0)
     with pytest.raises(specdec.SpecdecError, match="k must be"):
         PromptLookup(0)
+
+
+def test_position_acceptance_is_conditional():
+    """Rounds (proposed, accepted): (3,3), (3,0), (3,1), (2,2). Guess 1 is judged in all 4
+    rounds, accepted in 3; guess 2 only in the 3 rounds that accepted guess 1, accepted in 2;
+    guess 3 only in round 1 (round 3 stopped at guess 2, round 4 proposed 2), accepted there."""
+    from specdec.stats import GenerationStats
+
+    s = GenerationStats()
+    for proposed, accepted in [(3, 3), (3, 0), (3, 1), (2, 2)]:
+        s.record_round(proposed, accepted)
+    assert s.position_judged == [4, 3, 1]
+    assert s.position_accepted == [3, 2, 1]
+    assert s.position_acceptance == [3 / 4, 2 / 3, 1.0]

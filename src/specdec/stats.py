@@ -14,13 +14,14 @@ PHASES = ("prefill", "propose", "verify", "accept", "other")
 class GenerationStats:
     rounds: int = 0
     target_calls: int = 0
-    draft_calls: int = 0
+    draft_calls: int = 0  # includes the draft's prefill call (its time is charged to prefill)
     proposed: int = 0
     accepted: int = 0
     accept_lengths: list[int] = field(default_factory=list)  # accepted draft tokens, per round
     proposed_lengths: list[int] = field(default_factory=list)  # proposed draft tokens, per round
-    position_proposed: list[int] = field(default_factory=list)  # [i]: rounds that proposed i+1 tokens or more
-    position_accepted: list[int] = field(default_factory=list)  # [i]: rounds that accepted i+1 tokens or more
+    # [i]: rounds in which guess i+1 was judged (proposed, and guesses 1..i accepted)
+    position_judged: list[int] = field(default_factory=list)
+    position_accepted: list[int] = field(default_factory=list)  # [i]: rounds that accepted guess i+1
     times: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
     new_tokens: int = 0
     tokens_per_s: float = 0.0  # decode part: tokens after the first, over the time after prefill
@@ -31,7 +32,7 @@ class GenerationStats:
         self.accepted += accepted
         self.proposed_lengths.append(proposed)
         self.accept_lengths.append(accepted)
-        _grow(self.position_proposed, proposed)
+        _grow(self.position_judged, min(proposed, accepted + 1))
         _grow(self.position_accepted, accepted)
 
     @property
@@ -45,8 +46,8 @@ class GenerationStats:
 
     @property
     def position_acceptance(self) -> list[float]:
-        """P(draft position i accepted | positions before it accepted and i proposed)."""
-        return [a / p if p else 0.0 for a, p in zip(self.position_accepted, self.position_proposed)]
+        """[i]: P(guess i+1 accepted | guesses 1..i accepted and guess i+1 proposed)."""
+        return [a / j for a, j in zip(self.position_accepted, self.position_judged)]
 
     def finish(self, new_tokens: int) -> None:
         self.new_tokens = new_tokens

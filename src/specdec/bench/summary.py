@@ -182,17 +182,14 @@ def _engine_acceptance(rows: list[dict]) -> dict:
 
 
 def position_acceptance(rows: list[dict]) -> list[float]:
-    """[i]: P(guess i+1 accepted | guesses 1..i accepted and guess i+1 proposed), from the
-    per-round lists: the rows' position_accepted/position_proposed counts cannot condition on
-    the earlier guesses."""
-    rounds = [(a, p) for r in rows for a, p in zip(r["accept_lengths"], r["proposed_lengths"])]
-    reached = np.zeros(max((p for _, p in rounds), default=0))
-    passed = np.zeros_like(reached)
-    for accepted, proposed in rounds:
-        reached[: min(accepted + 1, proposed)] += 1
-        passed[:accepted] += 1
-    depth = int(np.count_nonzero(reached))  # reached never grows with i: positions past it saw no round
-    return (passed[:depth] / reached[:depth]).tolist()
+    """[i]: P(guess i+1 accepted | guesses 1..i accepted and guess i+1 proposed), pooled over
+    the rows' conditional counts."""
+    depth = max((len(r["position_judged"]) for r in rows), default=0)
+    judged, passed = np.zeros(depth), np.zeros(depth)
+    for r in rows:
+        judged[: len(r["position_judged"])] += r["position_judged"]
+        passed[: len(r["position_accepted"])] += r["position_accepted"]
+    return (passed / judged).tolist()
 
 
 def time_per_token(rows: list[dict]) -> dict | None:
