@@ -116,11 +116,11 @@ def test_method_parsing():
     assert methods == [
         Method("ar", "ar"),
         Method("draft:k=4", "draft", 4),
-        Method("lookup:k=3:ngram=3", "lookup", 3, 3),
+        Method(f"lookup:k={DEFAULT_K['lookup']}:ngram=3", "lookup", DEFAULT_K["lookup"], 3),
         Method("lookup:k=8:ngram=2", "lookup", 8, 2),
         Method("hf-ar", "hf-ar"),
         Method("hf-assisted:k=6", "hf-assisted", 6),
-        Method("hf-lookup:k=3:ngram=3", "hf-lookup", 3, 3),
+        Method(f"hf-lookup:k={DEFAULT_K['lookup']}:ngram=3", "hf-lookup", DEFAULT_K["lookup"], 3),
     ]
 
 
