@@ -94,3 +94,42 @@ def test_nan_logits_are_reported_with_position():
         model.lm_head.weight[5] = float("nan")
     with pytest.raises(SpecdecError, match=r"NaN/inf logits at sequence position 3"):
         generate(model, [1, 2, 3, 4], max_new_tokens=4)
+
+
+class InterruptingLookup:
+    """Prompt lookup that is interrupted (Ctrl-C) in its third round."""
+
+    def __init__(self):
+        from specdec import PromptLookup
+        self.inner, self.k, self.calls, self.rounds = PromptLookup(2), 2, 0, 0
+
+    def begin(self, prompt, vocab_size):
+        self.rounds = 0
+
+    def propose(self, seq, k, cfg, generator):
+        self.rounds += 1
+        if self.rounds == 3:
+            raise KeyboardInterrupt
+        return self.inner.propose(seq, k, cfg, generator)
+
+    def rollback(self, committed_len):
+        pass
+
+
+def test_ctrl_c_keeps_what_was_committed(target):
+    from specdec.engine import GenerationInterrupted
+
+    plain = generate(target, [1, 2, 3, 1, 2], max_new_tokens=20, eos_token_id=[]).new_tokens
+    with pytest.raises(GenerationInterrupted) as caught:
+        generate(target, [1, 2, 3, 1, 2], drafter=InterruptingLookup(), max_new_tokens=20, eos_token_id=[])
+    result = caught.value.result
+    assert result.finish_reason == "interrupted" and result.stats.rounds == 2
+    assert 3 <= len(result.new_tokens) and result.new_tokens == plain[: len(result.new_tokens)]
+
+
+def test_ctrl_c_in_the_cli_prints_stats(capsys, tiny_registry, monkeypatch):
+    from specdec import cli
+
+    monkeypatch.setattr(cli, "load_pair", lambda args: (*tiny_registry["tiny"], InterruptingLookup()))
+    code, out, err = run(capsys, *base_args(tiny_registry, "--max-new-tokens", "20"))
+    assert code == 130 and "[specdec]" in err and "Traceback" not in err

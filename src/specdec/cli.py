@@ -58,7 +58,7 @@ def load_pair(args: argparse.Namespace):
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from .engine import generate
+    from .engine import GenerationInterrupted, generate
     from .prompts import encode_prompt, require_text
     from .stream import Streamer
 
@@ -74,17 +74,16 @@ def cmd_generate(args: argparse.Namespace) -> int:
             temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
             on_commit=streamer.on_commit if streamer else None,
         )
-    except KeyboardInterrupt:
-        committed = streamer.tokens if streamer else []
-        print(f"\n[interrupted after {len(committed)} committed tokens]", file=sys.stderr)
+    except GenerationInterrupted as interrupt:
+        result = interrupt.result
+        if args.json:
+            print(json.dumps(_json_result(tokenizer, result)))
+        else:
+            streamer.finish()
+            print(summary_line(result), file=sys.stderr)
         return 130
     if args.json:
-        print(json.dumps({
-            "text": tokenizer.decode(result.new_tokens, skip_special_tokens=True),
-            "new_tokens": result.new_tokens,
-            "finish_reason": result.finish_reason,
-            "stats": result.stats.to_dict(),
-        }))
+        print(json.dumps(_json_result(tokenizer, result)))
     else:
         streamer.finish()
         print(summary_line(result), file=sys.stderr)
@@ -122,6 +121,15 @@ def cmd_check(args: argparse.Namespace) -> int:
             print(f"{'PASS' if r.passed else 'FAIL'}  {r.name}\n      {r.detail}")
         print(f"[check] {sum(r.passed for r in results)}/{len(results)} passed in {seconds:.0f} s")
     return 0 if all(r.passed for r in results) else 1
+
+
+def _json_result(tokenizer, result) -> dict:
+    return {
+        "text": tokenizer.decode(result.new_tokens, skip_special_tokens=True),
+        "new_tokens": result.new_tokens,
+        "finish_reason": result.finish_reason,
+        "stats": result.stats.to_dict(),
+    }
 
 
 def summary_line(result) -> str:

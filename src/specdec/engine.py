@@ -30,8 +30,16 @@ CommitCallback = Callable[[list[int], int], None]
 @dataclass
 class GenerationResult:
     new_tokens: list[int]
-    finish_reason: str  # "eos" or "length"
+    finish_reason: str  # "eos", "length", or "interrupted" (inside GenerationInterrupted)
     stats: GenerationStats = field(default_factory=GenerationStats)
+
+
+class GenerationInterrupted(KeyboardInterrupt):
+    """Ctrl-C during decoding; `.result` holds what was committed and the stats so far."""
+
+    def __init__(self, result: GenerationResult):
+        super().__init__("generation interrupted")
+        self.result = result
 
 
 def generate(
@@ -90,29 +98,34 @@ def generate(
     done = commit(first, 0)
     clock.lap("other")
 
-    while not done and length - prompt.numel() < max_new_tokens:
-        # Leave room for the target's own token: never overshoot max_new_tokens.
-        room = max_new_tokens - (length - prompt.numel()) - 1
-        k = min(drafter.k, room) if drafter is not None else 0
-        proposal = drafter.propose(seq[:length], k, cfg, generator) if k else Proposal(seq[:0])
-        clock.lap("propose")
-        rows = lm.forward(torch.cat([seq[length - 1 : length], proposal.tokens]))
-        clock.lap("verify")
-        verdict = _verify(rows, proposal, cfg, generator)
-        done = commit(torch.cat([proposal.tokens[: verdict.accepted], verdict.next_token]), verdict.accepted)
-        lm.cache.trim(length - 1)
-        if drafter is not None:
-            drafter.rollback(length)
-        stats.record_round(proposal.tokens.numel(), verdict.accepted)
-        # A round that asked for no guesses (the last one) leaves the draft untouched.
-        _assert_caches(lm, drafter if k else None, length, check)
-        clock.lap("accept")
+    def result(reason: str) -> GenerationResult:
+        stats.target_calls = lm.calls
+        stats.draft_calls = drafter.calls if drafter is not None else 0
+        new = seq[prompt.numel() : length].tolist()
+        stats.finish(len(new))
+        return GenerationResult(new, reason, stats)
 
-    stats.target_calls = lm.calls
-    stats.draft_calls = drafter.calls if drafter is not None else 0
-    new = seq[prompt.numel() : length].tolist()
-    stats.finish(len(new))
-    return GenerationResult(new, "eos" if done else "length", stats)
+    try:
+        while not done and length - prompt.numel() < max_new_tokens:
+            # Leave room for the target's own token: never overshoot max_new_tokens.
+            room = max_new_tokens - (length - prompt.numel()) - 1
+            k = min(drafter.k, room) if drafter is not None else 0
+            proposal = drafter.propose(seq[:length], k, cfg, generator) if k else Proposal(seq[:0])
+            clock.lap("propose")
+            rows = lm.forward(torch.cat([seq[length - 1 : length], proposal.tokens]))
+            clock.lap("verify")
+            verdict = _verify(rows, proposal, cfg, generator)
+            done = commit(torch.cat([proposal.tokens[: verdict.accepted], verdict.next_token]), verdict.accepted)
+            lm.cache.trim(length - 1)
+            if drafter is not None:
+                drafter.rollback(length)
+            stats.record_round(proposal.tokens.numel(), verdict.accepted)
+            # A round that asked for no guesses (the last one) leaves the draft untouched.
+            _assert_caches(lm, drafter if k else None, length, check)
+            clock.lap("accept")
+    except KeyboardInterrupt as interrupt:
+        raise GenerationInterrupted(result("interrupted")) from interrupt
+    return result("eos" if done else "length")
 
 
 def _verify(rows: torch.Tensor, proposal: Proposal, cfg: SamplingConfig, generator) -> Verdict:
