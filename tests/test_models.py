@@ -233,7 +233,7 @@ def finite_logits(model, tokenizer) -> bool:
 
 @pytest.mark.real
 def test_smollm2_converts_once_then_loads_from_cache(cache, monkeypatch):
-    model, tokenizer = load_model("smollm2-135m-instruct")
+    model, tokenizer = load_model("smollm2-135m-instruct", dtype="bfloat16")
     assert finite_logits(model, tokenizer)
     assert model.dtype == torch.bfloat16
     assert leftovers(cache) == ["smollm2-135m-instruct"]  # single-file model: nothing assembled, no temps
