@@ -68,26 +68,21 @@ def cmd_generate(args: argparse.Namespace) -> int:
     target, tokenizer, drafter = load_pair(args)
     prompt = encode_prompt(tokenizer, text, raw=args.raw)
     streamer = None if args.json else Streamer(tokenizer, color=_use_color(args.color))
+    code = 0
     try:
         result = generate(
             target, prompt, drafter=drafter, max_new_tokens=args.max_new_tokens,
             temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
             on_commit=streamer.on_commit if streamer else None,
         )
-    except GenerationInterrupted as interrupt:
-        result = interrupt.result
-        if args.json:
-            print(json.dumps(_json_result(tokenizer, result)))
-        else:
-            streamer.finish()
-            print(summary_line(result), file=sys.stderr)
-        return 130
+    except GenerationInterrupted as interrupt:  # Ctrl-C: still show what was committed
+        result, code = interrupt.result, 130
     if args.json:
         print(json.dumps(_json_result(tokenizer, result)))
     else:
         streamer.finish()
         print(summary_line(result), file=sys.stderr)
-    return 0
+    return code
 
 
 def cmd_check(args: argparse.Namespace) -> int:
