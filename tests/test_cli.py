@@ -103,7 +103,7 @@ class InterruptingLookup:
         from specdec import PromptLookup
         self.inner, self.k, self.calls, self.rounds = PromptLookup(2), 2, 0, 0
 
-    def begin(self, prompt, vocab_size):
+    def begin(self, prompt, vocab_size, reuse=False):
         self.rounds = 0
 
     def propose(self, seq, k, cfg, generator):

@@ -155,6 +155,12 @@ def test_verify_interpolates_and_extrapolates():
     assert costs.verify(10) == pytest.approx(0.60)  # 0.52 + 0.04 per k * 2
 
 
+def test_verify_never_extrapolates_downwards():
+    # a noisy last point (cheaper than the one before) must not make long blocks cheaper still
+    costs = Costs(c_target=0.25, c_draft=0.0, c_verify={1: 0.50, 2: 0.30})
+    assert costs.verify(3) == costs.verify(9) == pytest.approx(0.30)
+
+
 def test_verify_single_point_uses_c_target_anchor():
     costs = Costs(c_target=0.25, c_draft=0.0, c_verify={4: 0.35})
     assert costs.verify(2) == pytest.approx(0.30)  # halfway between (0, 0.25) and (4, 0.35)

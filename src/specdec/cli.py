@@ -182,8 +182,9 @@ def build_parser() -> argparse.ArgumentParser:
 def _plugins() -> list[Callable[[argparse._SubParsersAction], None]]:
     """Sub-commands that live in their own modules register themselves here."""
     from .bench import register as bench
+    from .measure_cli import register as measure
 
-    return [bench]
+    return [bench, measure]
 
 
 def main(argv: list[str] | None = None) -> int:

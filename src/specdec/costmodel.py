@@ -46,14 +46,21 @@ class Acceptance:
     r_i = P(position i accepted | positions 1..i-1 accepted), measured as
     accepted_at_i / reached_i. Conditional rates, unlike one alpha, capture that
     later guesses are usually worse; the i.i.d. model is the special case r_i = alpha.
+
+    hit_rate is the share of rounds in which the proposer guesses at all: prompt
+    lookup proposes nothing when no n-gram matches, and such a round is a plain
+    decode step (C_V(0)) that commits one token. A draft model always guesses (1.0).
     """
 
     rates: tuple[float, ...]
+    hit_rate: float = 1.0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "rates", tuple(float(r) for r in self.rates))
         if not all(0.0 <= r <= 1.0 for r in self.rates):
             raise ValueError(f"acceptance rates must lie in [0, 1], got {self.rates}")
+        if not 0.0 <= self.hit_rate <= 1.0:
+            raise ValueError(f"hit_rate must lie in [0, 1], got {self.hit_rate}")
 
     @classmethod
     def from_rates(cls, rates: Sequence[float]) -> Acceptance:
@@ -85,9 +92,15 @@ class Acceptance:
         return len(self.rates)
 
     @property
-    def expected_accepted(self) -> float:
-        """E[A] = sum_i prod_{j<=i} r_j: position i counts iff positions 1..i all pass."""
+    def accepted_when_guessing(self) -> float:
+        """E[A | the proposer guessed] = sum_i prod_{j<=i} r_j: position i counts iff
+        positions 1..i all pass."""
         return float(np.sum(np.cumprod(self.rates))) if self.rates else 0.0
+
+    @property
+    def expected_accepted(self) -> float:
+        """E[A] over all rounds, guessing or not."""
+        return self.hit_rate * self.accepted_when_guessing
 
     @property
     def expected_tokens(self) -> float:
@@ -101,8 +114,8 @@ class Acceptance:
 
     @property
     def p_reject(self) -> float:
-        """P(A < k): the share of rounds that must trim the caches."""
-        return 1.0 - self.p_all_accepted
+        """P(A < k among guessing rounds): the share of rounds that must trim the caches."""
+        return self.hit_rate * (1.0 - self.p_all_accepted)
 
     def at_k(self, k: int, extend: Literal["last", "alpha"] = "last") -> Acceptance:
         """The rates to assume when proposing k tokens instead of the measured self.k.
@@ -116,11 +129,11 @@ class Acceptance:
         if extend not in ("last", "alpha"):
             raise ValueError(f"extend must be 'last' or 'alpha', got {extend!r}")
         if k <= self.k:
-            return Acceptance(self.rates[:k])
+            return Acceptance(self.rates[:k], self.hit_rate)
         if not self.rates:
             raise ValueError("cannot extrapolate acceptance measured at k=0")
         fill = self.rates[-1] if extend == "last" else fit_alpha(self)
-        return Acceptance(self.rates + (fill,) * (k - self.k))
+        return Acceptance(self.rates + (fill,) * (k - self.k), self.hit_rate)
 
 
 def fit_alpha(acceptance: Acceptance) -> float:
@@ -129,7 +142,7 @@ def fit_alpha(acceptance: Acceptance) -> float:
     Lets a report show the textbook formula next to the per-position model; build
     the argument with Acceptance.from_rates or Acceptance.from_histogram.
     """
-    k, target = acceptance.k, acceptance.expected_accepted
+    k, target = acceptance.k, acceptance.accepted_when_guessing
     if k == 0:
         raise ValueError("alpha is undefined for acceptance measured at k=0")
     if target <= 0.0:
@@ -146,7 +159,7 @@ class Costs:
     c_verify is either a callable k -> C_V(k) or measured points {k: seconds}; the
     points are completed with C_V(0) = c_target (scoring the one committed token is a
     plain decode step), interpolated linearly between measured k and extrapolated
-    linearly from the last two points, because verify cost grows close to linearly
+    linearly from the last two points (never downwards), because verify cost grows close to linearly
     in block size until the GPU saturates. c_baseline_overhead is the per-token
     python/sampling overhead of plain decoding, so both sides are compared alike.
     """
@@ -180,19 +193,24 @@ class Costs:
         ks, ts = self._points
         if k <= ks[-1]:
             return float(np.interp(k, ks, ts))
-        slope = (ts[-1] - ts[-2]) / (ks[-1] - ks[-2])
+        # A longer block never costs less: noisy last points must not extrapolate downwards.
+        slope = max(0.0, (ts[-1] - ts[-2]) / (ks[-1] - ks[-2]))
         return float(ts[-1] + slope * (k - ks[-1]))
 
 
-def round_cost(costs: Costs, k: int, p_reject: float) -> float:
-    """Expected seconds of one round: k*C_D + C_V(k) + P(A<k)*C_R + C_O."""
-    return k * costs.c_draft + costs.verify(k) + p_reject * costs.c_repair + costs.c_overhead
+def round_cost(costs: Costs, k: int, p_reject: float, hit_rate: float = 1.0) -> float:
+    """Expected seconds of one round: k*C_D + C_V(k) + P(A<k)*C_R + C_O, where a round
+    without a guess (probability 1 - hit_rate) verifies only the pending token, C_V(0)."""
+    verify = costs.verify(k)
+    if hit_rate < 1.0:
+        verify = hit_rate * verify + (1.0 - hit_rate) * costs.verify(0)
+    return k * costs.c_draft + verify + p_reject * costs.c_repair + costs.c_overhead
 
 
 def cost_per_token(costs: Costs, acceptance: Acceptance, k: int) -> float:
     """Expected seconds per committed token when proposing k (acceptance.at_k(k) rates)."""
     acc = acceptance.at_k(k)
-    return round_cost(costs, k, acc.p_reject) / acc.expected_tokens
+    return round_cost(costs, k, acc.p_reject, acc.hit_rate) / acc.expected_tokens
 
 
 def predicted_speedup(costs: Costs, acceptance: Acceptance, k: int) -> float:

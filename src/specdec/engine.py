@@ -55,16 +55,18 @@ def generate(
     eos_token_id: int | Sequence[int] | None = None,
     on_commit: CommitCallback | None = None,
     check: bool = False,
+    reuse_prefix: bool = False,
 ) -> GenerationResult:
     """Generate up to `max_new_tokens` tokens from `target`, speculatively when `drafter` is
     given; the output is the target's own (greedy: same tokens; sampling: same distribution).
 
     `eos_token_id=None` takes the model's generation config; pass [] to never stop early.
     `check=True` also asserts every cache layer's length each round (debug mode).
+    `reuse_prefix=True` keeps the part of a passed-in CausalLM's (and the draft's) cache that
+    already holds the prompt's prefix, so runs over one long context prefill it once.
     """
     cfg = SamplingConfig(temperature, top_k, top_p)
     lm = target if isinstance(target, CausalLM) else CausalLM(target)
-    lm.reset()
     prompt = _prompt_tensor(input_ids, lm)
     if max_new_tokens < 1:
         raise SpecdecError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
@@ -91,9 +93,9 @@ def generate(
             on_commit(values, min(from_draft, len(values)))
         return hit is not None
 
-    first = pick(lm.forward(prompt, last_only=True)[-1], cfg, generator)
+    first = pick(lm.prefill(prompt, reuse=reuse_prefix)[-1], cfg, generator)
     if drafter is not None:
-        drafter.begin(prompt, lm.vocab_size)
+        drafter.begin(prompt, lm.vocab_size, reuse=reuse_prefix)
     clock.lap("prefill")
     done = commit(first, 0)
     clock.lap("other")

@@ -20,6 +20,9 @@ class CausalLM:
         self._cache_kw = cache_keyword(model)
         self.cache = KVCache(model)
         self.calls = 0
+        # The token ids behind the cache's positions (valid up to self.length), so a later
+        # prompt that shares a prefix can reuse it (see prefill).
+        self._held = torch.empty(0, dtype=torch.long, device=self.device)
 
     @property
     def length(self) -> int:
@@ -28,6 +31,23 @@ class CausalLM:
     def reset(self) -> None:
         self.cache = KVCache(self.model)
         self.calls = 0
+        self._held = self._held[:0]
+
+    def prefill(self, prompt: torch.Tensor, reuse: bool = False) -> torch.Tensor:
+        """Start a sequence: forward `prompt` over a fresh cache and return its last logits row
+        [1, vocab]. With `reuse`, keep the cached positions that already hold the prompt's
+        prefix and forward only the rest (at least the last token, whose row is returned).
+
+        Reuse computes the shared prefix in another chunking than a fresh prefill, which moves
+        logits by float rounding; callers compare outputs only among runs that reuse alike.
+        """
+        keep = _shared_prefix(self._held[: self.length], prompt[:-1]) if reuse else 0
+        if reuse:
+            self.cache.trim(keep)
+            self.calls = 0
+        else:
+            self.reset()
+        return self.forward(prompt[keep:], last_only=True)
 
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, last_only: bool = False) -> torch.Tensor:
@@ -43,6 +63,7 @@ class CausalLM:
             **{self._cache_kw: self.cache.hf_cache},
         )
         self.calls += 1
+        self._held = torch.cat([self._held[:start], tokens])
         logits = out.logits[0].float()
         if not torch.isfinite(logits).all():
             bad = int((~torch.isfinite(logits)).any(-1).nonzero()[0])
@@ -52,3 +73,10 @@ class CausalLM:
                 "try --dtype float32 or check the model weights"
             )
         return logits
+
+
+def _shared_prefix(a: torch.Tensor, b: torch.Tensor) -> int:
+    """Length of the longest common prefix of two 1-D token tensors."""
+    n = min(a.numel(), b.numel())
+    differ = (a[:n] != b[:n]).nonzero()
+    return int(differ[0]) if differ.numel() else n

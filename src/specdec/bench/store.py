@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from ..errors import SpecdecError
@@ -21,7 +22,7 @@ def check_out_dir(out: Path, config: dict, resume: bool) -> None:
     if existing and not resume:
         raise SpecdecError(f"--out {out} is not empty: pass --resume to continue the run there, or choose a new folder")
     if existing and CONFIG not in existing:
-        raise SpecdecError(f"--out {out} holds files but no {CONFIG}: it is not a specdec bench folder")
+        raise SpecdecError(f"--out {out} holds files but no {CONFIG}: it is not a specdec bench or sweep folder")
     if existing:
         stored, current = read_json(out / CONFIG), _as_json(config)
         differing = sorted(k for k in {*stored, *current} if stored.get(k) != current.get(k))
@@ -54,19 +55,27 @@ def read_json(path: Path) -> dict:
         raise SpecdecError(f"cannot read {path}: {e}") from None
 
 
-def write_json_atomic(path: Path, value: dict) -> None:
-    """Write to a temporary file in the same folder and rename it over `path`: readers see the
-    old file or the new one, never half of one."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+def write_atomic(path: Path, write: Callable[[Path], None]) -> None:
+    """Let `write` fill a temporary file in the same folder, fsync it and rename it over `path`:
+    readers see the old file or the new one, never half of one."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=path.suffix)
+    os.close(fd)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(value, f, indent=1)
-            f.flush()
+        write(Path(tmp))
+        with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def write_json_atomic(path: Path, value: dict) -> None:
+    write_atomic(path, lambda tmp: tmp.write_text(json.dumps(value, indent=1), encoding="utf-8"))
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    write_atomic(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
 
 
 def read_rows(out: Path) -> list[dict]:

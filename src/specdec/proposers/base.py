@@ -19,8 +19,9 @@ class Proposal:
 class Proposer(Protocol):
     k: int
 
-    def begin(self, prompt: torch.Tensor, vocab_size: int) -> None:
-        """Start a new sequence whose prompt is `prompt`."""
+    def begin(self, prompt: torch.Tensor, vocab_size: int, reuse: bool = False) -> None:
+        """Start a new sequence whose prompt is `prompt`; `reuse` may keep state that already
+        covers the prompt's prefix (see CausalLM.prefill)."""
 
     def propose(
         self, seq: torch.Tensor, k: int, cfg: SamplingConfig, generator: torch.Generator | None

@@ -16,21 +16,21 @@ class DraftModel:
     the pending last token, or one token less after a round in which every guess was accepted
     (the last guess was never fed back); `propose` first feeds what it has not seen."""
 
-    def __init__(self, model: PreTrainedModel, k: int = 5):
+    def __init__(self, model: PreTrainedModel | CausalLM, k: int = 5):
+        """`model` may be a CausalLM whose cache later drafts reuse (generate's reuse_prefix)."""
         if k < 1:
             raise SpecdecError(f"k must be >= 1, got {k}")
         self.k = k
-        self.lm = CausalLM(model)
+        self.lm = model if isinstance(model, CausalLM) else CausalLM(model)
         self._vocab = self.lm.vocab_size
 
     @property
     def calls(self) -> int:
         return self.lm.calls
 
-    def begin(self, prompt: torch.Tensor, vocab_size: int) -> None:
-        self.lm.reset()
+    def begin(self, prompt: torch.Tensor, vocab_size: int, reuse: bool = False) -> None:
         self._vocab = min(vocab_size, self.lm.vocab_size)
-        self.lm.forward(prompt, last_only=True)
+        self.lm.prefill(prompt, reuse=reuse)
 
     @torch.inference_mode()
     def propose(

@@ -22,7 +22,7 @@ class PromptLookup:
             raise SpecdecError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
         self.k, self.max_ngram, self.min_ngram = k, max_ngram, min_ngram
 
-    def begin(self, prompt: torch.Tensor, vocab_size: int) -> None:
+    def begin(self, prompt: torch.Tensor, vocab_size: int, reuse: bool = False) -> None:
         pass
 
     def propose(

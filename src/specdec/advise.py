@@ -1,0 +1,253 @@
+"""`specdec advise`: measure every term of the cost model on this machine and say which proposer
+and k to use, or that speculation does not pay here and why.
+
+Steps: copy bandwidth; C_T(1) and C_V(k) for k = 1..k_max at the chosen context; the draft's
+step C_D; acceptance by position of each proposer on a small calibration set (greedy, proposing
+calibration_k tokens a round); then the cost model's optimal k per proposer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from .costmodel import (
+    Acceptance, Costs, break_even_alpha, expected_accepted_iid, fit_alpha, optimal_k, predicted_speedup,
+)
+
+# A decode step that reads memory at this share of the copy bandwidth or more is bandwidth-bound:
+# guesses then ride along almost free in a verify block.
+BANDWIDTH_BOUND = 0.5
+# Below this predicted speedup the advice is "don't speculate": the model's error (docs/bench) is
+# of this order, so a smaller gain is not worth the second model's memory.
+MIN_GAIN = 1.05
+
+
+@dataclass(frozen=True)
+class AdviseSettings:
+    context: int = 512
+    k_max: int = 16
+    calibration_k: int = 6
+    prompts: int = 4
+    tokens: int = 48
+    repeats: int = 3
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """What one proposer did on the calibration prompts."""
+
+    acceptance: Acceptance
+    histogram: list[int]  # rounds by accepted length 0..k, rounds that guessed
+    acceptance_rate: float  # accepted / proposed: the naive i.i.d. alpha most tools report
+    propose_per_round: float  # seconds
+    overhead_per_round: float  # seconds outside propose and verify
+    tokens_per_s: float
+
+    @classmethod
+    def from_stats(cls, stats: Sequence) -> Calibration:
+        judged = _sum_lists([s.position_judged for s in stats])
+        accepted = _sum_lists([s.position_accepted for s in stats])
+        accepted += [0] * (len(judged) - len(accepted))  # positions judged but never accepted
+        rates = [a / j for a, j in zip(accepted, judged) if j > 0]
+        proposed = [n for s in stats for n in s.proposed_lengths]
+        lengths = [a for s in stats for a, n in zip(s.accept_lengths, s.proposed_lengths) if n > 0]
+        rounds = max(1, sum(s.rounds for s in stats))
+        hit = sum(n > 0 for n in proposed) / len(proposed) if proposed else 0.0
+        decode = sum(sum(t for p, t in s.times.items() if p != "prefill") for s in stats)
+        return cls(
+            acceptance=Acceptance(tuple(rates), hit),
+            acceptance_rate=sum(s.accepted for s in stats) / max(1, sum(s.proposed for s in stats)),
+            histogram=np.bincount(lengths, minlength=len(rates) + 1).tolist() if lengths else [],
+            propose_per_round=sum(s.times["propose"] for s in stats) / rounds,
+            overhead_per_round=sum(s.times["accept"] + s.times["other"] for s in stats) / rounds,
+            tokens_per_s=sum(s.new_tokens - 1 for s in stats) / decode if decode else 0.0,
+        )
+
+
+def _sum_lists(lists: Sequence[Sequence[int]]) -> list[int]:
+    out: list[int] = []
+    for values in lists:
+        out.extend([0] * (len(values) - len(out)))
+        for i, v in enumerate(values):
+            out[i] += v
+    return out
+
+
+def recommend(
+    c_target: float, verify: dict[int, float], repair: float, baseline_overhead: float,
+    proposers: dict[str, tuple[float, Calibration]], k_max: int,
+) -> dict:
+    """Per proposer (name -> (C_D per guess, calibration)): predicted speedup for every k, the
+    best k, break-even acceptance; then the overall choice or "don't speculate" with the reason."""
+    per = {}
+    for name, (c_draft, cal) in proposers.items():
+        # A model-free proposer's search time is per round, not per guess: charge it as overhead.
+        per_guess = c_draft
+        overhead = cal.overhead_per_round + (cal.propose_per_round if c_draft == 0 else 0.0)
+        costs = Costs(c_target, per_guess, verify, repair, overhead, baseline_overhead)
+        if not cal.acceptance.rates:
+            per[name] = {"k": 0, "speedup": None, "reason": "it never proposed a token on the calibration prompts"}
+            continue
+        curve = {k: predicted_speedup(costs, cal.acceptance, k) for k in range(1, k_max + 1)}
+        best_k, best = optimal_k(costs, cal.acceptance, k_max)
+        alpha = fit_alpha(cal.acceptance)
+        per[name] = {
+            "k": best_k, "speedup": best, "speedup_by_k": curve,
+            "alpha_fitted": alpha, "hit_rate": cal.acceptance.hit_rate,
+            "break_even_alpha": {k: break_even_alpha(costs, k) for k in (1, 2, 4, 8) if k <= k_max},
+            "reason": _reason(name, costs, cal, alpha, best_k, best),
+        }
+    ranked = sorted((v["speedup"], n) for n, v in per.items() if v["speedup"] is not None)
+    if ranked and ranked[-1][0] >= MIN_GAIN:
+        speedup, name = ranked[-1]
+        choice = {"proposer": name, "k": per[name]["k"], "predicted_speedup": speedup}
+    else:
+        choice = {"proposer": "none", "k": 0, "predicted_speedup": 1.0}
+    return {"proposers": per, "choice": choice}
+
+
+def _reason(name: str, costs: Costs, cal: Calibration, alpha: float, k: int, speedup: float) -> str:
+    """Which term decides, in one sentence."""
+    ratio = costs.c_draft / costs.c_target
+    v2 = costs.verify(2) / costs.c_target
+    if k and speedup >= MIN_GAIN:
+        return (f"E[tokens/round] {cal.acceptance.at_k(k).expected_tokens:.2f} at k={k} outweighs a round cost of "
+                f"{k * ratio + costs.verify(k) / costs.c_target:.2f} target steps")
+    if ratio > 0 and costs.c_draft >= 0.5 * costs.c_target:
+        return f"each guess costs {ratio:.2f} of a target step: the draft is too expensive"
+    if v2 > 1.5:
+        return f"verifying 2 guesses costs {v2:.2f} target steps: blocks are not free on this machine"
+    be = break_even_alpha(costs, 1)
+    return (f"acceptance is too low: fitted alpha {alpha:.2f} (hit rate {cal.acceptance.hit_rate:.2f}), "
+            f"break-even at k=1 is {be if be is None else round(be, 2)}")
+
+
+def bandwidth_verdict(decode_bytes: int, c_target: float, copy_bytes_per_s: float,
+                      verify: dict[int, float]) -> dict:
+    """Is one decode step limited by memory bandwidth or by compute on this machine?"""
+    used = decode_bytes / c_target
+    share = used / copy_bytes_per_s
+    growth = verify.get(4, max(verify.values())) / c_target
+    bound = "bandwidth" if share >= BANDWIDTH_BOUND and growth < 1.5 else "compute"
+    return {"bytes_per_step": decode_bytes, "bytes_per_s": used, "copy_bytes_per_s": copy_bytes_per_s,
+            "share_of_copy_bandwidth": share, "verify4_over_step": growth, "bound": bound}
+
+
+def run_advise(target, draft, tokenizer, settings: AdviseSettings, prompts: list[list[int]],
+               progress: Callable[[str], None] = lambda _: None) -> dict:
+    """Measure everything and return the report as a JSON-ready dict."""
+    import torch
+
+    from .engine import generate
+    from .lm import CausalLM
+    from .longprompt import long_prompt
+    from .measure import copy_bandwidth, decode_bytes, kv_bytes, measure_model, weight_bytes
+    from .proposers import DraftModel, PromptLookup
+
+    progress("copy bandwidth")
+    bandwidth = copy_bandwidth(device=target.device)
+    context = torch.tensor(long_prompt(tokenizer, settings.context), device=target.device)
+    progress(f"target C_T(1), C_V(k) for k=1..{settings.k_max} at context {settings.context}")
+    t_lm = CausalLM(target)
+    t_costs = measure_model(t_lm, context, range(1, settings.k_max + 2), settings.repeats)
+    verify = {k: t_costs.verify(k) for k in range(1, settings.k_max + 1)}
+    d_costs = None
+    if draft is not None:
+        progress("draft C_D")
+        d_costs = measure_model(CausalLM(draft), context, [1, 2], settings.repeats)
+    t_lm.reset()
+
+    def calibrate(drafter) -> Calibration:
+        stats = [generate(target, p, drafter=drafter, max_new_tokens=settings.tokens).stats for p in prompts]
+        return Calibration.from_stats(stats)
+
+    progress(f"plain decoding on {len(prompts)} calibration prompts")
+    plain = calibrate(None)
+    candidates = {}
+    if draft is not None:
+        progress(f"draft proposer, k={settings.calibration_k}")
+        candidates["draft"] = (d_costs.step, calibrate(DraftModel(draft, settings.calibration_k)))
+    progress(f"lookup proposer, k={settings.calibration_k}")
+    candidates["lookup"] = (0.0, calibrate(PromptLookup(settings.calibration_k)))
+
+    advice = recommend(t_costs.step, verify, 0.0, plain.overhead_per_round, candidates, settings.k_max)
+    models = {"target": target} | ({"draft": draft} if draft is not None else {})
+    memory = {name: {"weights": weight_bytes(m), "kv_cache": kv_bytes(m, settings.context)}
+              for name, m in models.items()}
+    return {
+        "settings": settings.__dict__,
+        "device": str(target.device), "dtype": str(target.dtype).removeprefix("torch."),
+        "c_target": t_costs.step, "c_draft": d_costs.step if d_costs else None,
+        "draft_over_target": d_costs.step / t_costs.step if d_costs else None,
+        "verify": verify, "verify_over_step": {k: v / t_costs.step for k, v in verify.items()},
+        "plain_tokens_per_s": plain.tokens_per_s,
+        "bandwidth": bandwidth_verdict(decode_bytes(target, settings.context), t_costs.step, bandwidth, verify),
+        "memory": memory, "memory_total": sum(sum(m.values()) for m in memory.values()),
+        "calibration": {name: {"rates": list(c.acceptance.rates), "hit_rate": c.acceptance.hit_rate,
+                               "histogram": c.histogram, "tokens_per_s": c.tokens_per_s,
+                               "expected_tokens_measured": c.acceptance.expected_tokens,
+                               "expected_tokens_iid": _iid_tokens(c)}
+                        for name, (_, c) in candidates.items()},
+        **advice,
+    }
+
+
+def _iid_tokens(c: Calibration) -> float | None:
+    """E[A]+1 by the textbook i.i.d. formula with alpha = accepted/proposed, the one number most
+    tools report; it ignores that later guesses are accepted less often than the first."""
+    if not c.acceptance.rates:
+        return None
+    return c.acceptance.hit_rate * expected_accepted_iid(c.acceptance_rate, c.acceptance.k) + 1.0
+
+
+def render(report: dict) -> str:
+    """The practical answers, in plain text."""
+    gib = 2**30
+    bw = report["bandwidth"]
+    lines = [
+        f"specdec advise: {report['dtype']} on {report['device']}, context {report['settings']['context']} tokens",
+        "",
+        f"1. Decode is {bw['bound']}-bound here: a target step reads {bw['bytes_per_step'] / gib:.2f} GiB in "
+        f"{report['c_target'] * 1e3:.0f} ms = {bw['bytes_per_s'] / 1e9:.1f} GB/s, "
+        f"{100 * bw['share_of_copy_bandwidth']:.0f}% of the measured copy bandwidth "
+        f"({bw['copy_bytes_per_s'] / 1e9:.1f} GB/s); a 4-guess verify block costs {bw['verify4_over_step']:.2f} steps.",
+    ]
+    if report["c_draft"] is not None:
+        lines.append(f"2. The draft costs {report['c_draft'] * 1e3:.0f} ms a token = "
+                     f"{report['draft_over_target']:.2f} of a target step.")
+    else:
+        lines.append("2. No draft model given: only prompt lookup was measured.")
+    lines.append("3. Acceptance on the calibration prompts (greedy):")
+    for name, c in report["calibration"].items():
+        rates = " ".join(f"{r:.2f}" for r in c["rates"])
+        lines.append(f"   {name}: by position [{rates}], rounds that guessed {100 * c['hit_rate']:.0f}%, "
+                     f"accepted-length histogram {c['histogram']}, E[tokens/round] "
+                     f"{c['expected_tokens_measured']:.2f} (i.i.d. alpha model: {_num(c['expected_tokens_iid'])})")
+    grow = report["verify_over_step"]
+    lines.append("4. C_V(k) in target steps: " + ", ".join(f"k={k}: {v:.2f}" for k, v in grow.items()))
+    mem = report["memory"]
+    parts = ", ".join(f"{n} {m['weights'] / gib:.2f} GiB weights + {m['kv_cache'] / gib:.3f} GiB KV"
+                      for n, m in mem.items())
+    lines.append(f"5. Memory: {parts}; total {report['memory_total'] / gib:.2f} GiB")
+    lines.append(f"6. Predicted speedup over plain decoding ({report['plain_tokens_per_s']:.2f} tok/s measured):")
+    for name, p in report["proposers"].items():
+        if p["speedup"] is None:
+            lines.append(f"   {name}: {p['reason']}")
+            continue
+        curve = ", ".join(f"k={k}: {s:.2f}" for k, s in p["speedup_by_k"].items() if k <= 8)
+        lines.append(f"   {name}: best k={p['k']} -> {p['speedup']:.2f}x ({curve}); {p['reason']}")
+    choice = report["choice"]
+    if choice["proposer"] == "none":
+        lines.append(f"Recommendation: speculation does not pay here (no proposer reaches {MIN_GAIN:.2f}x); "
+                     "use plain decoding (--proposer none).")
+    else:
+        lines.append(f"Recommendation: --proposer {choice['proposer']} -k {choice['k']} "
+                     f"(predicted {choice['predicted_speedup']:.2f}x).")
+    return "\n".join(lines)
+
+
+def _num(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}"

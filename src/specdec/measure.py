@@ -1,0 +1,108 @@
+"""Measuring the cost model's terms on this machine: C_T(1), C_D, C_V(k) at a given context,
+the memory a decode step has to read, and the machine's copy bandwidth to compare it with.
+
+Every timing forwards a block over a cache that holds the context, then trims the cache back,
+so all blocks see the same context; the median of a few repeats after one discarded warm-up
+resists the odd slow call (page faults, another process waking up).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import torch
+from transformers import PreTrainedModel
+
+from .costmodel import kv_cache_bytes_for_config
+from .lm import CausalLM
+
+
+@dataclass(frozen=True)
+class ModelCosts:
+    """One model's measured step costs at one context length (seconds)."""
+
+    context: int
+    step: float  # one token: C_T(1) for the target, C_D for a draft
+    blocks: dict[int, float]  # rows -> seconds of one forward over that many new tokens
+
+    def verify(self, k: int) -> float:
+        """C_V(k): the target scores the pending token plus k guesses, a block of k+1 rows."""
+        return self.blocks[k + 1]
+
+    def relative(self) -> dict[int, float]:
+        """Block cost in units of one step (1.0 = as cheap as decoding one token)."""
+        return {rows: t / self.step for rows, t in self.blocks.items()}
+
+
+def time_block(lm: CausalLM, rows: int, repeats: int) -> float:
+    """Median seconds of one forward of `rows` new tokens after the cached context."""
+    base = lm.length
+    block = torch.arange(rows, device=lm.device) % 1000 + 10
+    times = []
+    for _ in range(repeats + 1):  # the first call warms caches and allocator: discarded
+        _sync(lm.device)
+        start = time.perf_counter()
+        lm.forward(block, last_only=False)
+        _sync(lm.device)
+        times.append(time.perf_counter() - start)
+        lm.cache.trim(base)
+    return statistics.median(times[1:])
+
+
+def measure_model(lm: CausalLM, context_ids: torch.Tensor, rows: Iterable[int], repeats: int = 3,
+                  reuse: bool = True) -> ModelCosts:
+    """Step and block costs of `lm` with `context_ids` in its cache (prefilled here, reusing
+    what the cache already holds of it)."""
+    lm.prefill(context_ids, reuse=reuse)
+    step = time_block(lm, 1, repeats)
+    blocks = {1: step, **{n: time_block(lm, n, repeats) for n in sorted(set(rows)) if n != 1}}
+    return ModelCosts(lm.length, step, blocks)
+
+
+def copy_bandwidth(megabytes: int = 512, repeats: int = 5, device: str | torch.device = "cpu") -> float:
+    """Bytes per second the machine moves in a large tensor copy (read + write counted)."""
+    n = megabytes * 2**20 // 4
+    src = torch.ones(n, dtype=torch.float32, device=device)
+    dst = torch.empty_like(src)
+    times = []
+    for _ in range(repeats + 1):
+        _sync(src.device)
+        start = time.perf_counter()
+        dst.copy_(src)
+        _sync(src.device)
+        times.append(time.perf_counter() - start)
+    return 2 * src.numel() * 4 / statistics.median(times[1:])
+
+
+def weight_bytes(model: PreTrainedModel) -> int:
+    """Bytes of all parameters (a decode step reads each once)."""
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def kv_bytes(model: PreTrainedModel, context: int) -> int:
+    """The KV cache of `context` positions by the formula 2*L*n*H_kv*d_h*bytes."""
+    return kv_cache_bytes_for_config(model.config, context, model.dtype.itemsize)
+
+
+def measured_kv_bytes(lm: CausalLM) -> int:
+    """Bytes the cache's tensors actually hold (checks the formula)."""
+    total = 0
+    for layer in lm.cache.hf_cache.layers:
+        for name in ("keys", "values"):
+            tensor = getattr(layer, name, None)
+            if isinstance(tensor, torch.Tensor):
+                total += tensor.numel() * tensor.element_size()
+    return total
+
+
+def decode_bytes(model: PreTrainedModel, context: int) -> int:
+    """Bytes one decode step must read at least: the weights and the KV cache of the context."""
+    return weight_bytes(model) + kv_bytes(model, context)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)

@@ -1,0 +1,172 @@
+"""`specdec sweep`: does speculation gain or lose as the context grows?
+
+For each context length: a real long prompt (longprompt.py) is prefilled once into the target's
+and the draft's caches; C_T(1), C_D and C_V(k) are timed over that cache; then plain decoding and
+each speculative method generate from it (reusing the prefilled prefix, interleaved, repeated),
+giving measured speedups, acceptance, and the cost model's prediction from the timed terms. KV
+memory is reported by formula and as held by the cache tensors, with the process's peak memory.
+
+One row per context goes to rows.jsonl as soon as it is done, so an interrupted sweep resumes at
+the next context.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from .advise import Calibration
+from .costmodel import Costs, predicted_speedup, prediction_error
+
+
+@dataclass(frozen=True)
+class SweepSettings:
+    contexts: tuple[int, ...] = (2048, 4096, 8192)
+    methods: tuple[str, ...] = ("draft:k=2", "lookup:k=2")
+    tokens: int = 32
+    repeats: int = 2
+    ks: tuple[int, ...] = (1, 2, 3, 4, 6, 8, 12, 16)
+    timing_repeats: int = 3
+
+
+def parse_method(spec: str) -> tuple[str, int]:
+    """'draft:k=2' -> ('draft', 2); the proposer kinds of the engine."""
+    from .errors import SpecdecError
+
+    name, _, opt = spec.partition(":k=")
+    if name not in ("draft", "lookup") or not opt.isdigit() or int(opt) < 1:
+        raise SpecdecError(f"sweep methods look like draft:k=2 or lookup:k=4, got {spec!r}")
+    return name, int(opt)
+
+
+def sweep_context(target, draft, tokenizer, n: int, settings: SweepSettings,
+                  progress: Callable[[str], None] = lambda _: None) -> dict:
+    """Everything measured at one context length, as a JSON-ready row."""
+    import torch
+
+    from .bench.memory import PeakMemory
+    from .engine import generate
+    from .lm import CausalLM
+    from .longprompt import long_prompt
+    from .measure import kv_bytes, measure_model, measured_kv_bytes
+    from .proposers import DraftModel, PromptLookup
+
+    memory = PeakMemory(target.device)
+    memory.reset()
+    ids = torch.tensor(long_prompt(tokenizer, n), device=target.device)
+    lms = {"target": CausalLM(target)} | ({"draft": CausalLM(draft)} if draft is not None else {})
+    prefill = {}
+    for name, lm in lms.items():
+        progress(f"{n}: prefill {name}")
+        start = time.perf_counter()
+        lm.prefill(ids)
+        prefill[name] = time.perf_counter() - start
+    kv = {name: {"formula": kv_bytes(lm.model, n), "measured": measured_kv_bytes(lm)} for name, lm in lms.items()}
+    progress(f"{n}: timing C_T, C_V(k), C_D")
+    ks = sorted({*settings.ks, *(parse_method(m)[1] for m in settings.methods)})  # every method's k is timed
+    t_costs = measure_model(lms["target"], ids, [k + 1 for k in ks], settings.timing_repeats)
+    d_costs = measure_model(lms["draft"], ids, [1], settings.timing_repeats) if draft is not None else None
+
+    def proposer(spec: str):
+        name, k = parse_method(spec)
+        return DraftModel(lms["draft"], k) if name == "draft" else PromptLookup(k)
+
+    runs: dict[str, list] = {m: [] for m in ("ar", *settings.methods)}
+    for repeat in range(settings.repeats + 1):  # repeat 0 is a short warm-up, discarded
+        for method in runs:
+            progress(f"{n}: {method} (repeat {repeat}/{settings.repeats})")
+            result = generate(lms["target"], ids, drafter=None if method == "ar" else proposer(method),
+                              max_new_tokens=settings.tokens if repeat else 4, eos_token_id=[],
+                              reuse_prefix=True)
+            if repeat:
+                runs[method].append(result)
+    row = {
+        "context": n, "prefill_s": prefill, "kv_bytes": kv,
+        "c_target": t_costs.step, "c_draft": d_costs.step if d_costs else None,
+        "verify": {str(k): t_costs.verify(k) for k in ks},  # str: as JSON reads it back
+        "methods": _method_summaries(runs, t_costs, d_costs, ks),
+    }
+    row["peak_memory_bytes"] = memory.read()
+    row["peak_memory_kind"] = memory.kind
+    return row
+
+
+def _method_summaries(runs: dict[str, list], t_costs, d_costs, ks) -> dict:
+    """Measured tok/s, paired speedup over ar (medians over repeats), acceptance, prediction."""
+    ar = runs["ar"]
+    per_token = lambda r: sum(t for p, t in r.stats.times.items() if p != "prefill") / (r.stats.new_tokens - 1)
+    ar_cal = Calibration.from_stats([r.stats for r in ar])
+    out = {}
+    for method, results in runs.items():
+        cal = Calibration.from_stats([r.stats for r in results])
+        speedups = [per_token(a) / per_token(r) for a, r in zip(ar, results)]
+        entry = {
+            "tokens_per_s": statistics.median(1 / per_token(r) for r in results),
+            "speedup": statistics.median(speedups),
+            "equal_to_ar": all(r.new_tokens == a.new_tokens for a, r in zip(ar, results)),
+        }
+        if method != "ar":
+            name, k = parse_method(method)
+            c_draft = d_costs.step if name == "draft" else 0.0
+            overhead = cal.overhead_per_round + (cal.propose_per_round if name == "lookup" else 0.0)
+            costs = Costs(t_costs.step, c_draft, {q: t_costs.verify(q) for q in ks}, 0.0, overhead,
+                          ar_cal.overhead_per_round)
+            predicted = predicted_speedup(costs, cal.acceptance, k)
+            entry |= {
+                "mean_accepted_length": statistics.mean(r.stats.mean_accepted_length for r in results),
+                "acceptance_rate": cal.acceptance_rate, "position_acceptance": list(cal.acceptance.rates),
+                "hit_rate": cal.acceptance.hit_rate, "expected_tokens": cal.acceptance.at_k(k).expected_tokens,
+                "predicted_speedup": predicted, "prediction_error": prediction_error(predicted, entry["speedup"]),
+            }
+        out[method] = entry
+    return out
+
+
+def render_table(rows: list[dict]) -> str:
+    """Markdown table: one line per context."""
+    methods = [m for m in rows[0]["methods"] if m != "ar"] if rows else []
+    head = ["context", "C_T ms", "C_D ms", "C_V(2) ms", "C_V(4) ms", "ar tok/s",
+            *[f"{m} speedup (pred.) / E[L]" for m in methods], "KV target+draft MiB", "peak GiB"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        ms = lambda x: "-" if x is None else f"{1e3 * x:.0f}"
+        cells = [str(r["context"]), ms(r["c_target"]), ms(r["c_draft"]), ms(r["verify"].get("2")),
+                 ms(r["verify"].get("4")), f"{r['methods']['ar']['tokens_per_s']:.2f}"]
+        for m in methods:
+            e = r["methods"][m]
+            eq = "" if e["equal_to_ar"] else " (output differs!)"
+            cells.append(f"{e['speedup']:.2f}x ({e['predicted_speedup']:.2f}x) / {e['mean_accepted_length']:.2f}{eq}")
+        kv = sum(v["measured"] for v in r["kv_bytes"].values()) / 2**20
+        cells += [f"{kv:.0f}", f"{r['peak_memory_bytes'] / 2**30:.2f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    """Cost terms (ms) and speedups against context length, side by side."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    xs = [r["context"] for r in rows]
+    fig = Figure(figsize=(11, 4), layout="constrained")
+    FigureCanvasAgg(fig)
+    left, right = fig.subplots(1, 2)
+    left.plot(xs, [1e3 * r["c_target"] for r in rows], "o-", label="C_T(1) target step")
+    if rows[0]["c_draft"] is not None:
+        left.plot(xs, [1e3 * r["c_draft"] for r in rows], "o-", label="C_D draft step")
+    for k in ("2", "4", "8"):
+        if k in rows[0]["verify"]:
+            left.plot(xs, [1e3 * r["verify"][k] for r in rows], "o--", label=f"C_V({k})")
+    left.set(xlabel="context tokens", ylabel="ms per forward", title="cost terms")
+    left.legend(fontsize=8)
+    for m in [m for m in rows[0]["methods"] if m != "ar"]:
+        line, = right.plot(xs, [r["methods"][m]["speedup"] for r in rows], "o-", label=f"{m} measured")
+        right.plot(xs, [r["methods"][m]["predicted_speedup"] for r in rows], "x:", color=line.get_color(),
+                   label=f"{m} predicted")
+    right.axhline(1.0, color="grey", lw=0.8)
+    right.set(xlabel="context tokens", ylabel="speedup over plain decoding", title="speedup")
+    right.legend(fontsize=8)
+    fig.savefig(path, dpi=110, format="png")

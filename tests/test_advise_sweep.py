@@ -1,0 +1,85 @@
+"""`specdec advise` and `specdec sweep` end to end: tiny models through the CLI, and the real
+SmolLM2 weights (marked real)."""
+
+import json
+
+import pytest
+
+from specdec.bench.store import read_rows
+from specdec.cli import main
+
+
+def write_prompts(tmp_path):
+    path = tmp_path / "calib.jsonl"
+    texts = ["w1 w2 w3 w4 w1 w2 w3", "w5 w6 w7 w5 w6", "w9 w8 w7 w6 w5 w4"]
+    path.write_text("".join(json.dumps({"prompt": t}) + "\n" for t in texts))
+    return path
+
+
+def test_advise_json_on_tiny_models(tiny_registry, tmp_path, capsys):
+    args = ["advise", "--target", "tiny", "--draft", "tiny", "--dataset", str(write_prompts(tmp_path)),
+            "--categories", "", "--prompts", "2", "--context", "60", "--k-max", "4", "--calibration-k", "3",
+            "--tokens", "8", "--raw", "--json"]
+    assert main(args) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert set(report["verify"]) == {"1", "2", "3", "4"} and report["c_target"] > 0 and report["c_draft"] > 0
+    # self-draft: every guess is accepted
+    assert report["calibration"]["draft"]["rates"] == [1.0, 1.0, 1.0]
+    assert report["choice"]["proposer"] in ("draft", "lookup", "none")
+    assert report["memory"]["target"]["kv_cache"] > 0 and report["bandwidth"]["bound"] in ("bandwidth", "compute")
+    assert report["calibration_prompts"] == ["1", "2"]
+    assert main([a for a in args if a != "--json"]) == 0
+    text = capsys.readouterr().out
+    assert "Recommendation:" in text and "C_V(k) in target steps" in text
+
+
+def test_sweep_writes_rows_resumes_and_reports(tiny_registry, tmp_path, capsys):
+    out = tmp_path / "sweep"
+    args = ["sweep", "--target", "tiny", "--draft", "tiny", "--contexts", "100,200", "--tokens", "6",
+            "--repeats", "1", "--ks", "1,2", "--methods", "draft:k=2,lookup:k=3", "--out", str(out)]
+    assert main(args) == 0
+    rows = read_rows(out)
+    assert [r["context"] for r in rows] == [100, 200]
+    for r in rows:
+        assert r["kv_bytes"]["target"]["measured"] == r["kv_bytes"]["target"]["formula"]
+        assert r["c_target"] > 0 and set(r["verify"]) == {"1", "2"} and r["peak_memory_bytes"] > 0
+        for name in ("draft:k=2", "lookup:k=3"):
+            m = r["methods"][name]
+            assert m["equal_to_ar"] and m["predicted_speedup"] > 0 and m["speedup"] > 0
+        assert r["methods"]["draft:k=2"]["mean_accepted_length"] == pytest.approx(3.0, abs=0.5)
+    assert (out / "sweep.png").stat().st_size > 0 and "| 200 |" in (out / "sweep.md").read_text()
+    # Resuming with one more context runs only that one; finished rows stay as they were.
+    assert main(args[:6] + ["300,100,200"] + args[7:] + ["--resume"]) == 0
+    again = read_rows(out)
+    assert again[:2] == rows and [r["context"] for r in again] == [100, 200, 300]
+    assert "| 300 |" in (out / "sweep.md").read_text()
+    # Another setting than the folder's is refused.
+    assert main(args[:8] + ["9"] + args[9:] + ["--resume"]) == 2
+    assert "differs from this run in settings" in capsys.readouterr().err
+
+
+def test_sweep_refuses_bad_arguments(tiny_registry, tmp_path, capsys):
+    base = ["sweep", "--target", "tiny", "--out", str(tmp_path / "x")]
+    assert main(base + ["--contexts", "2048,abc"]) == 2
+    assert main(base + ["--methods", "medusa:k=2"]) == 2
+    assert main(base + ["--draft", "none", "--methods", "draft:k=2"]) == 2
+    err = capsys.readouterr().err
+    assert "comma list of integers" in err and "draft:k=2 or lookup:k=4" in err and "need a draft model" in err
+
+
+@pytest.mark.real
+def test_sweep_and_advise_on_smollm2(tmp_path, capsys):
+    name = "smollm2-135m-instruct"
+    out = tmp_path / "sweep"
+    assert main(["sweep", "--target", name, "--draft", name, "--contexts", "512,1024", "--tokens", "12",
+                 "--repeats", "1", "--ks", "1,2,4", "--out", str(out)]) == 0
+    rows = read_rows(out)
+    assert [r["context"] for r in rows] == [512, 1024]
+    for r in rows:
+        assert all(m["equal_to_ar"] for m in r["methods"].values())
+        assert r["kv_bytes"]["target"]["measured"] == r["kv_bytes"]["target"]["formula"]
+    assert main(["advise", "--target", name, "--draft", name, "--context", "256", "--k-max", "4",
+                 "--prompts", "2", "--tokens", "12", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["calibration"]["draft"]["rates"][0] > 0.9  # self-draft
+    assert report["choice"]["proposer"] in ("draft", "lookup", "none")

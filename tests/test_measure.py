@@ -1,0 +1,165 @@
+"""Prefix reuse, cost-term timing, KV bytes, calibration and the advisor's decision (tiny models
+and hand-computed cases)."""
+
+import pytest
+import torch
+
+from specdec import DraftModel, PromptLookup, generate
+from specdec.advise import Calibration, bandwidth_verdict, recommend
+from specdec.costmodel import Acceptance, Costs, predicted_speedup
+from specdec.errors import SpecdecError
+from specdec.lm import CausalLM, _shared_prefix
+from specdec.longprompt import articles, long_prompt
+from specdec.measure import copy_bandwidth, kv_bytes, measure_model, measured_kv_bytes, time_block
+from specdec.stats import GenerationStats
+
+from conftest import word_tokenizer
+
+
+def fed_tokens(model) -> list[int]:
+    """Records how many tokens each forward of `model` processes."""
+    seen: list[int] = []
+    model.register_forward_pre_hook(lambda _m, _a, kw: seen.append(kw["input_ids"].shape[1]), with_kwargs=True)
+    return seen
+
+
+@pytest.fixture
+def models():
+    from conftest import perturbed, tiny_model
+
+    target = tiny_model(11)
+    return target, perturbed(target, seed=3, scale=0.3)
+
+
+def test_shared_prefix():
+    t = torch.tensor
+    assert _shared_prefix(t([1, 2, 3]), t([1, 2, 4, 5])) == 2
+    assert _shared_prefix(t([1, 2]), t([1, 2, 3])) == 2
+    assert _shared_prefix(t([9]), t([1])) == 0
+    assert _shared_prefix(t([], dtype=torch.long), t([1])) == 0
+
+
+@pytest.mark.parametrize("proposer", ["draft", "lookup", "none"])
+def test_reused_prefix_is_not_recomputed_and_output_is_unchanged(models, proposer):
+    target, draft = models
+    prompt = torch.arange(30) % 17 + 3
+    fresh = generate(target, prompt, drafter=None, max_new_tokens=12, eos_token_id=[])
+    t_lm, d_lm = CausalLM(target), CausalLM(draft)
+    make = {"draft": lambda: DraftModel(d_lm, 2), "lookup": lambda: PromptLookup(2), "none": lambda: None}[proposer]
+    target_fed, draft_fed = fed_tokens(target), fed_tokens(draft)
+    first = generate(t_lm, prompt, drafter=make(), max_new_tokens=12, eos_token_id=[], reuse_prefix=True, check=True)
+    assert target_fed[0] == 30  # nothing to reuse yet
+    target_fed.clear(), draft_fed.clear()
+    again = generate(t_lm, prompt, drafter=make(), max_new_tokens=12, eos_token_id=[], reuse_prefix=True, check=True)
+    assert target_fed[0] == 1  # only the prompt's last token, whose logits start the generation
+    if proposer == "draft":
+        assert draft_fed[0] == 1
+    assert first.new_tokens == again.new_tokens == fresh.new_tokens
+    assert again.stats.target_calls == again.stats.rounds + 1
+    # A prompt sharing only its first 10 tokens recomputes the rest.
+    target_fed.clear()
+    other = torch.cat([prompt[:10], prompt[:8] + 1])
+    generate(t_lm, other, drafter=make(), max_new_tokens=4, eos_token_id=[], reuse_prefix=True, check=True)
+    assert target_fed[0] == 8
+    # Without reuse_prefix a passed-in CausalLM starts from scratch.
+    target_fed.clear()
+    generate(t_lm, prompt, max_new_tokens=2, eos_token_id=[])
+    assert target_fed[0] == 30
+
+
+def test_time_block_restores_the_cache_and_measure_model_maps_k_to_rows(models):
+    target, _ = models
+    lm = CausalLM(target)
+    context = torch.arange(40) % 30 + 1
+    costs = measure_model(lm, context, [2, 3, 5], repeats=2)
+    assert lm.length == 40 and costs.context == 40
+    assert set(costs.blocks) == {1, 2, 3, 5} and costs.blocks[1] == costs.step > 0
+    assert costs.verify(2) == costs.blocks[3] and costs.verify(4) == costs.blocks[5]
+    assert costs.relative()[1] == 1.0
+    assert time_block(lm, 4, repeats=1) > 0 and lm.length == 40
+
+
+def test_kv_bytes_formula_matches_the_cache_tensors(models):
+    target, _ = models
+    lm = CausalLM(target)
+    lm.prefill(torch.arange(37))
+    # tiny config: 2 layers, 2 KV heads of 32/4 = 8 dims, float32; K and V
+    assert kv_bytes(target, 37) == 2 * 2 * 37 * 2 * 8 * 4 == measured_kv_bytes(lm)
+
+
+def test_copy_bandwidth_is_positive():
+    assert copy_bandwidth(megabytes=8, repeats=2) > 1e8  # any machine copies 100 MB/s
+
+
+def stats_of(proposed, accepted, propose_s=0.4, accept_s=0.1) -> GenerationStats:
+    s = GenerationStats()
+    for p, a in zip(proposed, accepted):
+        s.record_round(p, a)
+    s.times.update(propose=propose_s, verify=1.0, accept=accept_s)
+    s.finish(sum(accepted) + len(accepted) + 1)
+    return s
+
+
+def test_calibration_from_stats_hand_computed():
+    cal = Calibration.from_stats([stats_of([2, 2, 0], [2, 0, 0]), stats_of([2], [1])])
+    # position 1 judged in the 3 guessing rounds, accepted in 2; position 2 judged twice, accepted once
+    assert cal.acceptance.rates == pytest.approx((2 / 3, 1 / 2))
+    assert cal.acceptance.hit_rate == pytest.approx(3 / 4)
+    assert cal.histogram == [1, 1, 1]
+    assert cal.acceptance_rate == pytest.approx(3 / 6)
+    assert cal.propose_per_round == pytest.approx(0.8 / 4) and cal.overhead_per_round == pytest.approx(0.2 / 4)
+
+
+def test_calibration_counts_positions_never_accepted():
+    cal = Calibration.from_stats([stats_of([3, 0, 2], [0, 0, 0])])
+    assert cal.acceptance.rates == (0.0,) and cal.histogram == [2, 0]
+
+
+def test_hit_rate_enters_cost_and_tokens():
+    # Half the rounds guess 1 token that is always accepted. Free verify: a round costs one step
+    # and yields 1.5 tokens. Verify of 2 rows at 2 steps: 0.5*2 + 0.5*1 = 1.5 steps for 1.5 tokens.
+    acc = Acceptance((1.0,), hit_rate=0.5)
+    assert predicted_speedup(Costs(1.0, 0.0, {1: 1.0}), acc, 1) == pytest.approx(1.5)
+    assert predicted_speedup(Costs(1.0, 0.0, {1: 2.0}), acc, 1) == pytest.approx(1.0)
+    assert acc.p_reject == 0.0 and Acceptance((0.5,), 0.5).p_reject == pytest.approx(0.25)
+
+
+def calibration(rates, hit=1.0, propose=0.0) -> Calibration:
+    return Calibration(Acceptance(tuple(rates), hit), [], 0.5, propose, 0.0, 1.0)
+
+
+def test_recommend_picks_the_cheap_accurate_proposer_and_k():
+    verify = {k: 1.0 for k in range(1, 9)}  # blocks free, as on a bandwidth-bound GPU
+    advice = recommend(1.0, verify, 0.0, 0.0, {"draft": (0.1, calibration([0.8] * 6)),
+                                                 "lookup": (0.0, calibration([0.5] * 6, hit=0.3))}, 8)
+    draft = advice["proposers"]["draft"]
+    assert advice["choice"]["proposer"] == "draft" and draft["k"] > 2
+    assert draft["speedup"] == pytest.approx(max(draft["speedup_by_k"].values()))
+    assert advice["choice"]["predicted_speedup"] == pytest.approx(draft["speedup"])
+
+
+def test_recommend_says_no_when_the_draft_is_too_expensive():
+    verify = {k: 1.0 + 0.5 * k for k in range(1, 5)}
+    advice = recommend(1.0, verify, 0.0, 0.0, {"draft": (0.9, calibration([0.6] * 4)),
+                                                 "lookup": (0.0, calibration([], hit=0.0))}, 4)
+    assert advice["choice"] == {"proposer": "none", "k": 0, "predicted_speedup": 1.0}
+    assert "too expensive" in advice["proposers"]["draft"]["reason"]
+    assert advice["proposers"]["lookup"]["speedup"] is None
+
+
+def test_bandwidth_verdict():
+    fast_blocks = {1: 1.0, 4: 1.1}
+    assert bandwidth_verdict(8e9, 1.0, 10e9, fast_blocks)["bound"] == "bandwidth"
+    assert bandwidth_verdict(2e9, 1.0, 10e9, fast_blocks)["bound"] == "compute"
+    assert bandwidth_verdict(8e9, 1.0, 10e9, {1: 1.0, 4: 1.9})["bound"] == "compute"
+
+
+def test_long_prompt_has_the_exact_length_and_real_text():
+    tok = word_tokenizer(64)
+    for n in (40, 333, 1000):
+        assert len(long_prompt(tok, n)) == n
+    assert len(articles()) == 80 and all(len(a) > 500 for a in articles())
+    with pytest.raises(SpecdecError, match="at least"):
+        long_prompt(tok, 5)
+    with pytest.raises(SpecdecError, match="at most"):
+        long_prompt(tok, 10**7)
