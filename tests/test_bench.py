@@ -112,10 +112,12 @@ def test_mt_bench_first_turns():
 
 
 def test_method_parsing():
-    methods = parse_methods("ar, draft:k=4,lookup,lookup:k=8:ngram=2,hf-ar,hf-assisted:k=6,hf-lookup", DEFAULT_K, 3)
+    methods = parse_methods("ar, draft:k=4,draft-int8,lookup,lookup:k=8:ngram=2,hf-ar,hf-assisted:k=6,hf-lookup",
+                            DEFAULT_K, 3)
     assert methods == [
         Method("ar", "ar"),
         Method("draft:k=4", "draft", 4),
+        Method(f"draft-int8:k={DEFAULT_K['draft']}", "draft-int8", DEFAULT_K["draft"]),
         Method(f"lookup:k={DEFAULT_K['lookup']}:ngram=3", "lookup", DEFAULT_K["lookup"], 3),
         Method("lookup:k=8:ngram=2", "lookup", 8, 2),
         Method("hf-ar", "hf-ar"),
@@ -191,7 +193,7 @@ def test_out_folder_rules(tmp_path):
         check_out_dir(tmp_path / "run", {**CONFIG, "max_new_tokens": 9}, resume=True)
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "notes.txt").write_text("mine")
-    with pytest.raises(SpecdecError, match="not a specdec bench folder"):
+    with pytest.raises(SpecdecError, match="not a specdec bench or sweep folder"):
         check_out_dir(tmp_path / "other", CONFIG, resume=True)
     (tmp_path / "file").write_text("")
     with pytest.raises(SpecdecError, match="cannot write to --out"):
@@ -294,7 +296,7 @@ def dataset(tmp_path_factory) -> Path:
     ])
 
 
-ALL_METHODS = "ar,draft:k=3,lookup:k=2,hf-ar,hf-assisted:k=2,hf-lookup:k=2"
+ALL_METHODS = "ar,draft:k=3,lookup:k=2,hf-ar,hf-assisted:k=2,hf-lookup:k=2,draft-int8:k=2"
 
 
 def bench_args(tiny_pair, dataset, out, *extra) -> list[str]:
@@ -307,9 +309,10 @@ def test_full_bench_on_tiny_models(tiny_pair, dataset, tmp_path, monkeypatch):
     out = tmp_path / "run"
     assert main(bench_args(tiny_pair, dataset, out)) == 0
     rows = read_rows(out)
-    labels = ["ar", "draft:k=3", "lookup:k=2:ngram=3", "hf-ar", "hf-assisted:k=2", "hf-lookup:k=2:ngram=3"]
-    assert [r["method"] for r in rows[:6]] == labels  # interleaved per prompt
-    assert len(rows) == 4 * 6
+    labels = ["ar", "draft:k=3", "lookup:k=2:ngram=3", "hf-ar", "hf-assisted:k=2", "hf-lookup:k=2:ngram=3",
+              "draft-int8:k=2"]
+    assert [r["method"] for r in rows[:7]] == labels  # interleaved per prompt
+    assert len(rows) == 4 * 7
     for r in rows:
         assert r["n_new"] == len(r["new_tokens"]) and r["prefill_s"] > 0 and r["peak_memory_bytes"] > 0
         assert r["finish_reason"] == ("eos" if r["new_tokens"][-1] == EOS else "length")
@@ -344,7 +347,7 @@ def test_full_bench_on_tiny_models(tiny_pair, dataset, tmp_path, monkeypatch):
     calls = []
     monkeypatch.setattr(execute.Executor, "_generate", lambda *a: calls.append(a))
     assert main([*bench_args(tiny_pair, dataset, out), "--resume"]) == 0
-    assert calls == [] and len(read_rows(out)) == 24
+    assert calls == [] and len(read_rows(out)) == 28
 
     # The report command rebuilds summary and report from the rows alone.
     (out / "summary.json").unlink()

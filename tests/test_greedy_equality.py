@@ -1,10 +1,13 @@
 """Greedy speculation returns exactly the target's own greedy tokens (float32 tiny models)."""
 
+import copy
+
 import pytest
 import torch
 
 import specdec
 from specdec import DraftModel, PromptLookup, generate
+from specdec.quantize import int8_draft
 
 from conftest import perturbed, tiny_model
 
@@ -27,9 +30,20 @@ def seeded(request):
     return case(request.param)
 
 
+_INT8: dict[int, torch.nn.Module] = {}
+
+
+def int8_copy(model):
+    """An int8-quantized copy of `model`, made once per model."""
+    if id(model) not in _INT8:
+        _INT8[id(model)] = int8_draft(copy.deepcopy(model))
+    return _INT8[id(model)]
+
+
 def drafters(draft, target, k):
     return {
         "draft": DraftModel(draft, k),
+        "int8 draft": DraftModel(int8_copy(draft), k),
         "self": DraftModel(target, k),  # accepts everything: exercises the bonus path
         "lookup": PromptLookup(k, max_ngram=3),
     }
@@ -49,6 +63,11 @@ def test_draft_actually_speculates(seeded):
     target, draft, prompt, _ = seeded
     out = generate(target, prompt, drafter=DraftModel(draft, 4), max_new_tokens=40, eos_token_id=[])
     assert 0 < out.stats.accepted < out.stats.proposed
+    # int8 changes the draft's guesses a little, not its vocabulary or its usefulness
+    quantized = DraftModel(int8_copy(draft), 4)
+    assert quantized.lm.vocab_size == 64
+    out8 = generate(target, prompt, drafter=quantized, max_new_tokens=40, eos_token_id=[])
+    assert 0 < out8.stats.accepted < out8.stats.proposed
     self_out = generate(target, prompt, drafter=DraftModel(target, 4), max_new_tokens=40, eos_token_id=[])
     assert self_out.stats.accepted == self_out.stats.proposed
     assert self_out.stats.rounds < 40 / 4

@@ -10,7 +10,7 @@ from specdec.costmodel import Acceptance, Costs, predicted_speedup
 from specdec.errors import SpecdecError
 from specdec.lm import CausalLM, _shared_prefix
 from specdec.longprompt import articles, long_prompt
-from specdec.measure import copy_bandwidth, kv_bytes, measure_model, measured_kv_bytes, time_block
+from specdec.measure import copy_bandwidth, kv_bytes, measure_model, measured_kv_bytes, time_blocks
 from specdec.stats import GenerationStats
 
 from conftest import word_tokenizer
@@ -67,7 +67,7 @@ def test_reused_prefix_is_not_recomputed_and_output_is_unchanged(models, propose
     assert target_fed[0] == 30
 
 
-def test_time_block_restores_the_cache_and_measure_model_maps_k_to_rows(models):
+def test_time_blocks_restores_the_cache_and_measure_model_maps_k_to_rows(models):
     target, _ = models
     lm = CausalLM(target)
     context = torch.arange(40) % 30 + 1
@@ -76,7 +76,8 @@ def test_time_block_restores_the_cache_and_measure_model_maps_k_to_rows(models):
     assert set(costs.blocks) == {1, 2, 3, 5} and costs.blocks[1] == costs.step > 0
     assert costs.verify(2) == costs.blocks[3] and costs.verify(4) == costs.blocks[5]
     assert costs.relative()[1] == 1.0
-    assert time_block(lm, 4, repeats=1) > 0 and lm.length == 40
+    timed = time_blocks(lm, [4, 1, 4], repeats=1)
+    assert set(timed) == {1, 4} and min(timed.values()) > 0 and lm.length == 40
 
 
 def test_kv_bytes_formula_matches_the_cache_tensors(models):

@@ -16,6 +16,7 @@ import torch
 
 from specdec import DraftModel, PromptLookup, generate, verify
 from specdec.check import chi2_pvalue, exact_joint, sampling_pvalues
+from specdec.quantize import int8_draft
 from specdec.sampling import SamplingConfig, probs
 
 from conftest import perturbed, tiny_model
@@ -64,6 +65,12 @@ def test_draft_model_sampling_matches_target(name, seed):
     target, draft = make_pair(seed)
     cfg = CONFIGS[name]
     ps = pvalues(target, DraftModel(draft, 3), cfg)
+    assert min(ps) > PASS, ps
+
+
+def test_int8_draft_sampling_matches_target():
+    target, draft = make_pair(3)
+    ps = pvalues(target, DraftModel(int8_draft(draft), 3), CONFIGS["plain"])
     assert min(ps) > PASS, ps
 
 

@@ -16,19 +16,36 @@ from .errors import SpecdecError
 DEFAULT_K = {"draft": 2, "lookup": 2}
 
 
-def add_model_args(p: argparse.ArgumentParser) -> None:
-    from .models import DEFAULT_DRAFT, DEFAULT_TARGET
+def add_models_args(p: argparse.ArgumentParser, draft_help: str = "draft model for --proposer draft") -> None:
+    """The target, the draft and how to load them: shared by every command."""
+    from .models import DEFAULT_DRAFT, DEFAULT_TARGET, DTYPES
 
     p.add_argument("--target", default=DEFAULT_TARGET, help="registry name or local HF model folder")
-    p.add_argument("--draft", default=DEFAULT_DRAFT, help="draft model for --proposer draft")
-    p.add_argument("--proposer", choices=["draft", "lookup", "none"], default="draft")
-    p.add_argument("-k", type=int, default=None, help="tokens proposed per round (default 2)")
-    p.add_argument("--max-ngram", type=int, default=3, help="longest n-gram prompt lookup matches")
-    p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"],
+    p.add_argument("--draft", default=DEFAULT_DRAFT, help=draft_help)
+    p.add_argument("--draft-int8", action="store_true",
+                   help="int8 weights for the draft's linear layers (CPU): a cheaper draft, still lossless")
+    p.add_argument("--dtype", default="auto", choices=["auto", *DTYPES],
                    help="auto: bfloat16 where the hardware has it natively, else float32")
     p.add_argument("--device", default="cpu")
     p.add_argument("--trust-remote-code", action="store_true",
                    help="allow a local model folder to run its own Python code")
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    add_models_args(p)
+    p.add_argument("--proposer", choices=["draft", "lookup", "none"], default="draft")
+    p.add_argument("-k", type=int, default=None, help="tokens proposed per round (default 2)")
+    p.add_argument("--max-ngram", type=int, default=3, help="longest n-gram prompt lookup matches")
+
+
+def load_draft(args: argparse.Namespace, target, tokenizer):
+    """The draft model of --draft, checked against the target's vocabulary, int8 if asked."""
+    from .models import check_same_vocab, load_model
+    from .quantize import int8_draft
+
+    draft, draft_tokenizer = load_model(args.draft, args.dtype, args.device, args.trust_remote_code)
+    check_same_vocab(tokenizer, draft_tokenizer, target, draft)
+    return int8_draft(draft) if args.draft_int8 else draft
 
 
 def add_sampling_args(p: argparse.ArgumentParser) -> None:
@@ -41,7 +58,7 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
 
 def load_pair(args: argparse.Namespace):
     """Target model and tokenizer, and the proposer the arguments ask for (None for plain)."""
-    from .models import check_same_vocab, load_model
+    from .models import load_model
     from .proposers import DraftModel, PromptLookup
 
     k = args.k if args.k is not None else DEFAULT_K.get(args.proposer, 1)
@@ -52,9 +69,7 @@ def load_pair(args: argparse.Namespace):
         return target, tokenizer, None
     if args.proposer == "lookup":
         return target, tokenizer, PromptLookup(k, max_ngram=args.max_ngram)
-    draft, draft_tokenizer = load_model(args.draft, args.dtype, args.device, args.trust_remote_code)
-    check_same_vocab(tokenizer, draft_tokenizer, target, draft)
-    return target, tokenizer, DraftModel(draft, k)
+    return target, tokenizer, DraftModel(load_draft(args, target, tokenizer), k)
 
 
 def cmd_generate(args: argparse.Namespace) -> int:

@@ -16,7 +16,7 @@ class CausalLM:
     def __init__(self, model: PreTrainedModel):
         self.model = model
         self.device = model.device
-        self.vocab_size = model.get_output_embeddings().weight.shape[0]
+        self.vocab_size = logit_width(model)
         self._cache_kw = cache_keyword(model)
         self.cache = KVCache(model)
         self.calls = 0
@@ -73,6 +73,13 @@ class CausalLM:
                 "try --dtype float32 or check the model weights"
             )
         return logits
+
+
+def logit_width(model: PreTrainedModel) -> int:
+    """Rows of the model's output layer (token ids it scores)."""
+    head = model.get_output_embeddings()
+    # out_features also exists on quantized heads, whose weight is a method, not a tensor
+    return getattr(head, "out_features", None) or head.weight.shape[0]
 
 
 def _shared_prefix(a: torch.Tensor, b: torch.Tensor) -> int:

@@ -37,19 +37,27 @@ class ModelCosts:
         return {rows: t / self.step for rows, t in self.blocks.items()}
 
 
-def time_block(lm: CausalLM, rows: int, repeats: int) -> float:
-    """Median seconds of one forward of `rows` new tokens after the cached context."""
+def time_blocks(lm: CausalLM, rows: Iterable[int], repeats: int) -> dict[int, float]:
+    """Median seconds of one forward of each block size after the cached context.
+
+    Sizes are interleaved (every size once per pass, `repeats` passes after a discarded warm-up
+    pass), so a slow spell of the machine hits all sizes alike instead of inflating one of them:
+    on a shared 2-core VM, timing each size's repeats back to back made C_T(1) at 2K context
+    come out 50% above the step time measured in generation right after.
+    """
     base = lm.length
-    block = torch.arange(rows, device=lm.device) % 1000 + 10
-    times = []
-    for _ in range(repeats + 1):  # the first call warms caches and allocator: discarded
-        _sync(lm.device)
-        start = time.perf_counter()
-        lm.forward(block, last_only=False)
-        _sync(lm.device)
-        times.append(time.perf_counter() - start)
-        lm.cache.trim(base)
-    return statistics.median(times[1:])
+    sizes = sorted(set(rows))
+    times: dict[int, list[float]] = {n: [] for n in sizes}
+    for _ in range(repeats + 1):
+        for n in sizes:
+            block = torch.arange(n, device=lm.device) % 1000 + 10
+            _sync(lm.device)
+            start = time.perf_counter()
+            lm.forward(block)
+            _sync(lm.device)
+            times[n].append(time.perf_counter() - start)
+            lm.cache.trim(base)
+    return {n: statistics.median(t[1:]) for n, t in times.items()}
 
 
 def measure_model(lm: CausalLM, context_ids: torch.Tensor, rows: Iterable[int], repeats: int = 3,
@@ -57,9 +65,8 @@ def measure_model(lm: CausalLM, context_ids: torch.Tensor, rows: Iterable[int], 
     """Step and block costs of `lm` with `context_ids` in its cache (prefilled here, reusing
     what the cache already holds of it)."""
     lm.prefill(context_ids, reuse=reuse)
-    step = time_block(lm, 1, repeats)
-    blocks = {1: step, **{n: time_block(lm, n, repeats) for n in sorted(set(rows)) if n != 1}}
-    return ModelCosts(lm.length, step, blocks)
+    blocks = time_blocks(lm, {1, *rows}, repeats)
+    return ModelCosts(lm.length, blocks[1], blocks)
 
 
 def copy_bandwidth(megabytes: int = 512, repeats: int = 5, device: str | torch.device = "cpu") -> float:

@@ -14,16 +14,9 @@ SWEEP_ROWS_MD, SWEEP_PLOT, SWEEP_SUMMARY = "sweep.md", "sweep.png", "sweep.json"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from .models import DEFAULT_DRAFT, DEFAULT_TARGET, DTYPES
+    from .cli import add_models_args
 
-    def model_args(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--target", default=DEFAULT_TARGET, help="registry name or local HF model folder")
-        p.add_argument("--draft", default=DEFAULT_DRAFT, help="draft model; 'none' measures prompt lookup only")
-        p.add_argument("--dtype", default="auto", choices=["auto", *DTYPES],
-                       help="auto: bfloat16 where the hardware has it natively, else float32")
-        p.add_argument("--device", default="cpu")
-        p.add_argument("--trust-remote-code", action="store_true",
-                       help="allow a local model folder to run its own Python code")
+    model_args = lambda p: add_models_args(p, "draft model; 'none' measures prompt lookup only")
 
     a = sub.add_parser("advise", help="measure the cost terms here and recommend a proposer and k",
                        description="Times C_T(1), C_D and C_V(k), measures acceptance by position on "
@@ -66,13 +59,11 @@ def _ints(text: str, name: str) -> tuple[int, ...]:
 
 
 def _load(args: argparse.Namespace):
-    from .models import check_same_vocab, load_model
+    from .cli import load_draft
+    from .models import load_model
 
     target, tokenizer = load_model(args.target, args.dtype, args.device, args.trust_remote_code)
-    if args.draft == "none":
-        return target, None, tokenizer
-    draft, draft_tokenizer = load_model(args.draft, args.dtype, args.device, args.trust_remote_code)
-    check_same_vocab(tokenizer, draft_tokenizer, target, draft)
+    draft = None if args.draft == "none" else load_draft(args, target, tokenizer)
     return target, draft, tokenizer
 
 

@@ -33,6 +33,7 @@ from transformers import (
 )
 
 from specdec.errors import SpecdecError
+from specdec.lm import logit_width
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 COMPLETE_MARKER = "specdec-complete.json"
@@ -184,7 +185,7 @@ def check_same_vocab(
         raise SpecdecError(f"the target and draft tokenizers have different vocabularies; {fix}")
     needed = max(target_tok.get_vocab().values()) + 1
     for role, model in (("target", target_model), ("draft", draft_model)):
-        width = model.get_output_embeddings().weight.shape[0]
+        width = logit_width(model)
         if width < needed:
             raise SpecdecError(f"the {role} model scores {width} token ids but its tokenizer uses {needed}; {fix}")
 

@@ -6,7 +6,7 @@ each speculative method generate from it (reusing the prefilled prefix, interlea
 giving measured speedups, acceptance, and the cost model's prediction from the timed terms. KV
 memory is reported by formula and as held by the cache tensors, with the process's peak memory.
 
-One row per context goes to rows.jsonl as soon as it is done, so an interrupted sweep resumes at
+One row per context goes to results.jsonl as soon as it is done, so an interrupted sweep resumes at
 the next context.
 """
 
@@ -128,17 +128,19 @@ def _method_summaries(runs: dict[str, list], t_costs, d_costs, ks) -> dict:
 def render_table(rows: list[dict]) -> str:
     """Markdown table: one line per context."""
     methods = [m for m in rows[0]["methods"] if m != "ar"] if rows else []
-    head = ["context", "C_T ms", "C_D ms", "C_V(2) ms", "C_V(4) ms", "ar tok/s",
-            *[f"{m} speedup (pred.) / E[L]" for m in methods], "KV target+draft MiB", "peak GiB"]
+    head = ["context", "C_T ms", "ar step ms (in generation)", "C_D ms", "C_V(2) ms", "C_V(4) ms", "ar tok/s",
+            *[f"{m}: speedup (predicted), E[L], acceptance" for m in methods], "KV target+draft MiB", "peak GiB"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         ms = lambda x: "-" if x is None else f"{1e3 * x:.0f}"
-        cells = [str(r["context"]), ms(r["c_target"]), ms(r["c_draft"]), ms(r["verify"].get("2")),
-                 ms(r["verify"].get("4")), f"{r['methods']['ar']['tokens_per_s']:.2f}"]
+        ar = r["methods"]["ar"]["tokens_per_s"]
+        cells = [str(r["context"]), ms(r["c_target"]), ms(1 / ar), ms(r["c_draft"]), ms(r["verify"].get("2")),
+                 ms(r["verify"].get("4")), f"{ar:.2f}"]
         for m in methods:
             e = r["methods"][m]
             eq = "" if e["equal_to_ar"] else " (output differs!)"
-            cells.append(f"{e['speedup']:.2f}x ({e['predicted_speedup']:.2f}x) / {e['mean_accepted_length']:.2f}{eq}")
+            cells.append(f"{e['speedup']:.2f}x ({e['predicted_speedup']:.2f}x), {e['mean_accepted_length']:.2f}, "
+                         f"{100 * e['acceptance_rate']:.0f}%{eq}")
         kv = sum(v["measured"] for v in r["kv_bytes"].values()) / 2**20
         cells += [f"{kv:.0f}", f"{r['peak_memory_bytes'] / 2**30:.2f}"]
         lines.append("| " + " | ".join(cells) + " |")

@@ -5,17 +5,15 @@ from __future__ import annotations
 
 import argparse
 
-from ..cli import add_sampling_args
+from ..cli import add_models_args, add_sampling_args
 
 METHODS_HELP = (
-    "comma list of methods, options after colons: ar, draft:k=K, lookup:k=K:ngram=N, hf-ar, "
+    "comma list of methods, options after colons: ar, draft:k=K, draft-int8:k=K, lookup:k=K:ngram=N, hf-ar, "
     "hf-assisted:k=K, hf-lookup:k=K:ngram=N (k defaults to 3, ngram to --max-ngram)"
 )
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from ..models import DEFAULT_DRAFT, DEFAULT_TARGET, DTYPES
-
     b = sub.add_parser(
         "bench", help="paired benchmark of decoding methods over a dataset",
         description="Runs every method on every prompt, interleaved, and writes config.json, "
@@ -32,13 +30,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--resume", action="store_true", help="continue a run in --out, skipping finished rows")
     b.add_argument("--raw", action="store_true", help="do not apply the chat template")
     b.add_argument("--no-progress", action="store_true", help="no progress bar")
-    b.add_argument("--target", default=DEFAULT_TARGET, help="registry name or local HF model folder")
-    b.add_argument("--draft", default=DEFAULT_DRAFT, help="draft model of draft and hf-assisted methods")
-    b.add_argument("--dtype", default="auto", choices=["auto", *DTYPES],
-                   help="auto: bfloat16 where the hardware has it natively, else float32")
-    b.add_argument("--device", default="cpu")
-    b.add_argument("--trust-remote-code", action="store_true",
-                   help="allow a local model folder to run its own Python code")
+    add_models_args(b, "draft model of draft and hf-assisted methods")
     add_sampling_args(b)
     b.set_defaults(func=_bench)
 

@@ -12,9 +12,9 @@ from pathlib import Path
 import torch
 import transformers
 
-from ..cli import DEFAULT_K
+from ..cli import DEFAULT_K, load_draft
 from ..errors import SpecdecError
-from ..models import check_same_vocab, load_model, resolve_dtype
+from ..models import load_model, resolve_dtype
 from ..prompts import encode_prompt
 from ..report import REPORT, write_report
 from ..sampling import SamplingConfig
@@ -42,7 +42,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     check_out_dir(out, config, args.resume)
 
     target, tokenizer = load_model(args.target, args.dtype, args.device, args.trust_remote_code)
-    draft = _load_draft(args, tokenizer, target) if any(m.needs_draft for m in methods) else None
+    draft = load_draft(args, target, tokenizer) if any(m.needs_draft for m in methods) else None
     encoded = [EncodedPrompt(p, encode_prompt(tokenizer, p.text, raw=args.raw)) for p in prompts]
     settings = RunSettings(args.max_new_tokens, sampling, args.seed, eos_token_ids(target))
     try:
@@ -82,6 +82,7 @@ def bench_config(
     return {
         "target": args.target,
         "draft": args.draft if any(m.needs_draft for m in methods) else None,
+        "draft_int8": args.draft_int8,
         "dtype": resolve_dtype(args.dtype, args.device),
         "device": args.device,
         "methods": [asdict(m) for m in methods],
@@ -105,12 +106,6 @@ def bench_config(
 
 def _split(text: str | None) -> list[str] | None:
     return [part.strip() for part in text.split(",") if part.strip()] if text else None
-
-
-def _load_draft(args: argparse.Namespace, tokenizer, target):
-    draft, draft_tokenizer = load_model(args.draft, args.dtype, args.device, args.trust_remote_code)
-    check_same_vocab(tokenizer, draft_tokenizer, target, draft)
-    return draft
 
 
 def _device_name(device: str) -> str:

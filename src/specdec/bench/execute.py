@@ -9,6 +9,7 @@ target call (`round_tokens`), and forward hooks count the model calls.
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -20,6 +21,7 @@ from transformers.generation import BaseStreamer
 
 from ..engine import generate
 from ..proposers import DraftModel, PromptLookup
+from ..quantize import int8_draft
 from ..sampling import SamplingConfig
 from .memory import PeakMemory
 from .methods import Method
@@ -52,6 +54,7 @@ class Executor:
         self, target: PreTrainedModel, draft: PreTrainedModel | None, settings: RunSettings, memory: PeakMemory
     ):
         self.target, self.draft, self.settings, self.memory = target, draft, settings, memory
+        self._draft_int8: PreTrainedModel | None = None
 
     def run(self, method: Method, prompt_ids: list[int], repeat: int) -> dict:
         """The measurement fields of one row."""
@@ -96,6 +99,10 @@ class Executor:
     def _proposer(self, method: Method) -> DraftModel | PromptLookup | None:
         if method.kind == "draft":
             return DraftModel(self.draft, method.k)
+        if method.kind == "draft-int8":
+            if self._draft_int8 is None:  # a quantized copy: plain draft methods keep the original
+                self._draft_int8 = int8_draft(copy.deepcopy(self.draft))
+            return DraftModel(self._draft_int8, method.k)
         if method.kind == "lookup":
             return PromptLookup(method.k, max_ngram=method.ngram)
         return None

@@ -1,4 +1,4 @@
-"""The `--methods` list: `ar,draft:k=4,lookup:k=8:ngram=3,hf-ar,hf-assisted:k=6,hf-lookup:k=10`.
+"""The `--methods` list: `ar,draft:k=4,draft-int8:k=4,lookup:k=8:ngram=3,hf-ar,hf-assisted:k=6,hf-lookup:k=10`.
 
 Methods are separated by commas and a method's options by colons, so the list needs no quoting.
 """
@@ -14,13 +14,14 @@ from ..errors import SpecdecError
 OPTIONS = {
     "ar": (),
     "draft": ("k",),
+    "draft-int8": ("k",),  # the draft with int8 linear layers (specdec.quantize)
     "lookup": ("k", "ngram"),
     "hf-ar": (),
     "hf-assisted": ("k",),
     "hf-lookup": ("k", "ngram"),
 }
 # The proposer each HF method mirrors, for its default k.
-_MIRRORS = {"hf-assisted": "draft", "hf-lookup": "lookup"}
+_MIRRORS = {"hf-assisted": "draft", "hf-lookup": "lookup", "draft-int8": "draft"}
 
 
 @dataclass(frozen=True)
@@ -36,7 +37,7 @@ class Method:
 
     @property
     def needs_draft(self) -> bool:
-        return self.kind in ("draft", "hf-assisted")
+        return self.kind in ("draft", "draft-int8", "hf-assisted")
 
 
 def parse_methods(text: str, default_k: Mapping[str, int], default_ngram: int) -> list[Method]:
