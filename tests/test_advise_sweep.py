@@ -18,7 +18,7 @@ def write_prompts(tmp_path):
 
 def test_advise_json_on_tiny_models(tiny_registry, tmp_path, capsys):
     args = ["advise", "--target", "tiny", "--draft", "tiny", "--dataset", str(write_prompts(tmp_path)),
-            "--categories", "", "--prompts", "2", "--context", "60", "--k-max", "4", "--calibration-k", "3",
+            "--categories", "", "--prompts", "2", "--context", "400", "--k-max", "4", "--calibration-k", "3",
             "--tokens", "8", "--raw", "--json"]
     assert main(args) == 0
     report = json.loads(capsys.readouterr().out)
@@ -35,24 +35,25 @@ def test_advise_json_on_tiny_models(tiny_registry, tmp_path, capsys):
 
 def test_sweep_writes_rows_resumes_and_reports(tiny_registry, tmp_path, capsys):
     out = tmp_path / "sweep"
-    args = ["sweep", "--target", "tiny", "--draft", "tiny", "--contexts", "100,200", "--tokens", "6",
+    args = ["sweep", "--target", "tiny", "--draft", "tiny", "--contexts", "400,450", "--tokens", "6",
             "--repeats", "1", "--ks", "1,2", "--methods", "draft:k=2,lookup:k=3", "--out", str(out)]
     assert main(args) == 0
     rows = read_rows(out)
-    assert [r["context"] for r in rows] == [100, 200]
+    assert [r["context"] for r in rows] == [400, 450]
     for r in rows:
         assert r["kv_bytes"]["target"]["measured"] == r["kv_bytes"]["target"]["formula"]
-        assert r["c_target"] > 0 and set(r["verify"]) == {"1", "2"} and r["peak_memory_bytes"] > 0
+        # the timed k: --ks plus every method's own k
+        assert r["c_target"] > 0 and set(r["verify"]) == {"1", "2", "3"} and r["peak_memory_bytes"] > 0
         for name in ("draft:k=2", "lookup:k=3"):
             m = r["methods"][name]
             assert m["equal_to_ar"] and m["predicted_speedup"] > 0 and m["speedup"] > 0
         assert r["methods"]["draft:k=2"]["mean_accepted_length"] == pytest.approx(3.0, abs=0.5)
-    assert (out / "sweep.png").stat().st_size > 0 and "| 200 |" in (out / "sweep.md").read_text()
+    assert (out / "sweep.png").stat().st_size > 0 and "| 450 |" in (out / "sweep.md").read_text()
     # Resuming with one more context runs only that one; finished rows stay as they were.
-    assert main(args[:6] + ["300,100,200"] + args[7:] + ["--resume"]) == 0
+    assert main(args[:6] + ["500,400,450"] + args[7:] + ["--resume"]) == 0
     again = read_rows(out)
-    assert again[:2] == rows and [r["context"] for r in again] == [100, 200, 300]
-    assert "| 300 |" in (out / "sweep.md").read_text()
+    assert again[:2] == rows and [r["context"] for r in again] == [400, 450, 500]
+    assert "| 500 |" in (out / "sweep.md").read_text()
     # Another setting than the folder's is refused.
     assert main(args[:8] + ["9"] + args[9:] + ["--resume"]) == 2
     assert "differs from this run in settings" in capsys.readouterr().err

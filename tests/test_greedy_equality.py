@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import specdec
-from specdec import DraftModel, PromptLookup, generate
+from specdec import DraftModel, Hybrid, PromptLookup, generate
 from specdec.quantize import int8_draft
 
 from conftest import perturbed, tiny_model
@@ -44,6 +44,8 @@ def drafters(draft, target, k):
     return {
         "draft": DraftModel(draft, k),
         "int8 draft": DraftModel(int8_copy(draft), k),
+        "hybrid": Hybrid(DraftModel(draft, k), PromptLookup(k, max_ngram=3)),
+        "adaptive k": DraftModel(draft, k, min_confidence=0.15),
         "self": DraftModel(target, k),  # accepts everything: exercises the bonus path
         "lookup": PromptLookup(k, max_ngram=3),
     }
@@ -68,6 +70,14 @@ def test_draft_actually_speculates(seeded):
     assert quantized.lm.vocab_size == 64
     out8 = generate(target, prompt, drafter=quantized, max_new_tokens=40, eos_token_id=[])
     assert 0 < out8.stats.accepted < out8.stats.proposed
+    # the hybrid uses both parts on this repetitive prompt
+    hybrid = Hybrid(DraftModel(draft, 4), PromptLookup(4, max_ngram=3))
+    out_h = generate(target, prompt, drafter=hybrid, max_new_tokens=40, eos_token_id=[])
+    assert 0 < hybrid.lookup_rounds < out_h.stats.rounds and hybrid.calls > 1
+    # adaptive k: some rounds stop early, none guesses more than k
+    adaptive = generate(target, prompt, drafter=DraftModel(draft, 4, min_confidence=0.1), max_new_tokens=40,
+                        eos_token_id=[])
+    assert max(adaptive.stats.proposed_lengths) == 4 and 0 < min(adaptive.stats.proposed_lengths[:-1]) < 4
     self_out = generate(target, prompt, drafter=DraftModel(target, 4), max_new_tokens=40, eos_token_id=[])
     assert self_out.stats.accepted == self_out.stats.proposed
     assert self_out.stats.rounds < 40 / 4

@@ -155,10 +155,12 @@ def test_bandwidth_verdict():
     assert bandwidth_verdict(8e9, 1.0, 10e9, {1: 1.0, 4: 1.9})["bound"] == "compute"
 
 
-def test_long_prompt_has_the_exact_length_and_real_text():
+def test_long_prompts_have_the_exact_length_and_share_their_ending():
     tok = word_tokenizer(64)
-    for n in (40, 333, 1000):
-        assert len(long_prompt(tok, n)) == n
+    prompts = {n: long_prompt(tok, n) for n in (400, 1000, 3000)}
+    assert all(len(ids) == n for n, ids in prompts.items())
+    # the same last article and request at every length; only the earlier context grows
+    assert prompts[400] == prompts[1000][-400:] == prompts[3000][-400:]
     assert len(articles()) == 80 and all(len(a) > 500 for a in articles())
     with pytest.raises(SpecdecError, match="at least"):
         long_prompt(tok, 5)

@@ -14,7 +14,7 @@ from collections import Counter
 import pytest
 import torch
 
-from specdec import DraftModel, PromptLookup, generate, verify
+from specdec import DraftModel, Hybrid, PromptLookup, generate, verify
 from specdec.check import chi2_pvalue, exact_joint, sampling_pvalues
 from specdec.quantize import int8_draft
 from specdec.sampling import SamplingConfig, probs
@@ -71,6 +71,20 @@ def test_draft_model_sampling_matches_target(name, seed):
 def test_int8_draft_sampling_matches_target():
     target, draft = make_pair(3)
     ps = pvalues(target, DraftModel(int8_draft(draft), 3), CONFIGS["plain"])
+    assert min(ps) > PASS, ps
+
+
+def test_adaptive_k_sampling_matches_target():
+    target, draft = make_pair(5)
+    ps = pvalues(target, DraftModel(draft, 3, min_confidence=0.7), CONFIGS["plain"])
+    assert min(ps) > PASS, ps
+
+
+def test_hybrid_sampling_matches_target():
+    # the prompt repeats, so some rounds come from lookup (point mass) and some from the draft
+    target, draft = make_pair(4)
+    hybrid = Hybrid(DraftModel(draft, 3), PromptLookup(3, max_ngram=2, min_ngram=2))
+    ps = pvalues(target, hybrid, CONFIGS["plain"])
     assert min(ps) > PASS, ps
 
 

@@ -4,7 +4,7 @@ from .engine import GenerationResult, generate
 from .errors import SpecdecError
 from .models import load_model
 from .prompts import encode_prompt
-from .proposers import DraftModel, PromptLookup
+from .proposers import DraftModel, Hybrid, PromptLookup
 from .sampling import SamplingConfig
 from .stats import GenerationStats
 
@@ -12,6 +12,7 @@ __all__ = [
     "DraftModel",
     "GenerationResult",
     "GenerationStats",
+    "Hybrid",
     "PromptLookup",
     "SamplingConfig",
     "SpecdecError",

@@ -13,7 +13,7 @@ from .errors import SpecdecError
 
 # Measured on the 2-core Xeon (docs/generate.md): a verify block of 2-3 rows (k <= 2) costs ~1.1
 # target steps, 4-6 rows ~1.9, so k=2 pays best there (1.41x against 1.15x for k=3 on code).
-DEFAULT_K = {"draft": 2, "lookup": 2}
+DEFAULT_K = {"draft": 2, "lookup": 2, "hybrid": 2}
 
 
 def add_models_args(p: argparse.ArgumentParser, draft_help: str = "draft model for --proposer draft") -> None:
@@ -33,9 +33,12 @@ def add_models_args(p: argparse.ArgumentParser, draft_help: str = "draft model f
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
     add_models_args(p)
-    p.add_argument("--proposer", choices=["draft", "lookup", "none"], default="draft")
+    p.add_argument("--proposer", choices=["draft", "lookup", "hybrid", "none"], default="draft",
+                   help="hybrid: prompt lookup when an n-gram matches, the draft model otherwise")
     p.add_argument("-k", type=int, default=None, help="tokens proposed per round (default 2)")
     p.add_argument("--max-ngram", type=int, default=3, help="longest n-gram prompt lookup matches")
+    p.add_argument("--min-confidence", type=float, default=0.0,
+                   help="adaptive k: a round stops guessing after a draft probability below this")
 
 
 def load_draft(args: argparse.Namespace, target, tokenizer):
@@ -59,7 +62,7 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
 def load_pair(args: argparse.Namespace):
     """Target model and tokenizer, and the proposer the arguments ask for (None for plain)."""
     from .models import load_model
-    from .proposers import DraftModel, PromptLookup
+    from .proposers import DraftModel, Hybrid, PromptLookup
 
     k = args.k if args.k is not None else DEFAULT_K.get(args.proposer, 1)
     if k < 1:
@@ -69,7 +72,10 @@ def load_pair(args: argparse.Namespace):
         return target, tokenizer, None
     if args.proposer == "lookup":
         return target, tokenizer, PromptLookup(k, max_ngram=args.max_ngram)
-    return target, tokenizer, DraftModel(load_draft(args, target, tokenizer), k)
+    draft = DraftModel(load_draft(args, target, tokenizer), k, args.min_confidence)
+    if args.proposer == "hybrid":
+        return target, tokenizer, Hybrid(draft, PromptLookup(k, max_ngram=args.max_ngram))
+    return target, tokenizer, draft
 
 
 def cmd_generate(args: argparse.Namespace) -> int:

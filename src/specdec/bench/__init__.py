@@ -8,7 +8,9 @@ import argparse
 from ..cli import add_models_args, add_sampling_args
 
 METHODS_HELP = (
-    "comma list of methods, options after colons: ar, draft:k=K, draft-int8:k=K, lookup:k=K:ngram=N, hf-ar, "
+    "comma list of methods, options after colons: ar, draft:k=K[:conf=P], draft-int8:k=K[:conf=P], "
+    "lookup:k=K:ngram=N, "
+    "hybrid:k=K:ngram=N, hf-ar, "
     "hf-assisted:k=K, hf-lookup:k=K:ngram=N (k defaults to 3, ngram to --max-ngram)"
 )
 

@@ -20,7 +20,7 @@ from transformers import GenerationConfig, PreTrainedModel
 from transformers.generation import BaseStreamer
 
 from ..engine import generate
-from ..proposers import DraftModel, PromptLookup
+from ..proposers import DraftModel, Hybrid, PromptLookup
 from ..quantize import int8_draft
 from ..sampling import SamplingConfig
 from .memory import PeakMemory
@@ -96,15 +96,18 @@ class Executor:
             "draft_calls": st.draft_calls,
         }
 
-    def _proposer(self, method: Method) -> DraftModel | PromptLookup | None:
+    def _proposer(self, method: Method) -> DraftModel | PromptLookup | Hybrid | None:
+        confidence = (method.conf or 0) / 100
         if method.kind == "draft":
-            return DraftModel(self.draft, method.k)
+            return DraftModel(self.draft, method.k, confidence)
         if method.kind == "draft-int8":
             if self._draft_int8 is None:  # a quantized copy: plain draft methods keep the original
                 self._draft_int8 = int8_draft(copy.deepcopy(self.draft))
-            return DraftModel(self._draft_int8, method.k)
+            return DraftModel(self._draft_int8, method.k, confidence)
         if method.kind == "lookup":
             return PromptLookup(method.k, max_ngram=method.ngram)
+        if method.kind == "hybrid":
+            return Hybrid(DraftModel(self.draft, method.k), PromptLookup(method.k, max_ngram=method.ngram))
         return None
 
     def _run_hf(self, method: Method, prompt_ids: list[int], seed: int | None, max_new_tokens: int) -> dict:

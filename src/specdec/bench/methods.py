@@ -1,4 +1,4 @@
-"""The `--methods` list: `ar,draft:k=4,draft-int8:k=4,lookup:k=8:ngram=3,hf-ar,hf-assisted:k=6,hf-lookup:k=10`.
+"""The `--methods` list: `ar,draft:k=4,draft-int8:k=4,lookup:k=8:ngram=3,hybrid:k=3,hf-ar,hf-assisted:k=6,hf-lookup:k=10`.
 
 Methods are separated by commas and a method's options by colons, so the list needs no quoting.
 """
@@ -13,9 +13,10 @@ from ..errors import SpecdecError
 # Options each kind accepts; ar and hf-ar guess nothing, so they take none.
 OPTIONS = {
     "ar": (),
-    "draft": ("k",),
-    "draft-int8": ("k",),  # the draft with int8 linear layers (specdec.quantize)
+    "draft": ("k", "conf"),  # conf=P: adaptive k, stop after a guess below P% draft confidence
+    "draft-int8": ("k", "conf"),  # the draft with int8 linear layers (specdec.quantize)
     "lookup": ("k", "ngram"),
+    "hybrid": ("k", "ngram"),  # lookup when an n-gram matches, else the draft
     "hf-ar": (),
     "hf-assisted": ("k",),
     "hf-lookup": ("k", "ngram"),
@@ -30,6 +31,7 @@ class Method:
     kind: str
     k: int | None = None
     ngram: int | None = None
+    conf: int | None = None  # percent
 
     @property
     def is_hf(self) -> bool:
@@ -37,7 +39,7 @@ class Method:
 
     @property
     def needs_draft(self) -> bool:
-        return self.kind in ("draft", "draft-int8", "hf-assisted")
+        return self.kind in ("draft", "draft-int8", "hybrid", "hf-assisted")
 
 
 def parse_methods(text: str, default_k: Mapping[str, int], default_ngram: int) -> list[Method]:
@@ -58,6 +60,10 @@ def parse_method(text: str, default_k: Mapping[str, int], default_ngram: int) ->
     if not OPTIONS[kind]:
         return Method(kind, kind)
     k = values.get("k", default_k[_MIRRORS.get(kind, kind)])
+    if "conf" in values:
+        if values["conf"] >= 100:
+            raise SpecdecError(f"conf in method {text!r} is a percentage below 100, got {values['conf']}")
+        return Method(f"{kind}:k={k}:conf={values['conf']}", kind, k, conf=values["conf"])
     if "ngram" not in OPTIONS[kind]:
         return Method(f"{kind}:k={k}", kind, k)
     ngram = values.get("ngram", default_ngram)

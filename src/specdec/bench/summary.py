@@ -82,7 +82,7 @@ def summarize_group(rows: list[dict], order: list[str], methods: dict[str, dict]
 def summarize_method(rows: list[dict], method: dict, baseline: list[dict], greedy: bool) -> dict:
     is_baseline = method["label"] == BASELINE
     speedup = None if is_baseline or not baseline else speedup_summary(paired_speedups(rows, baseline))
-    spec = method["kind"] in ("draft", "draft-int8", "lookup")
+    spec = method["kind"] in ("draft", "draft-int8", "lookup", "hybrid")
     return {
         "kind": method["kind"],
         "k": method.get("k"),
@@ -223,7 +223,7 @@ def prediction(rows: list[dict], baseline: list[dict], method: dict, speedup: di
     if c_target <= 0:
         return None
     c_verify = _total(rows, "verify") / rounds
-    if method["kind"] in ("draft", "draft-int8"):
+    if method["kind"] in ("draft", "draft-int8", "hybrid"):
         # begin() runs one draft forward over the prompt per generation, charged to prefill.
         decode_calls = sum(r["draft_calls"] for r in rows) - len(rows)
         c_draft = _total(rows, "propose") / decode_calls if decode_calls > 0 else 0.0

@@ -3,6 +3,7 @@
 
 from .base import Proposal, Proposer
 from .draft import DraftModel
+from .hybrid import Hybrid
 from .lookup import PromptLookup
 
-__all__ = ["DraftModel", "PromptLookup", "Proposal", "Proposer"]
+__all__ = ["DraftModel", "Hybrid", "PromptLookup", "Proposal", "Proposer"]

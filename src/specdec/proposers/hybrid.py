@@ -1,0 +1,43 @@
+"""Prompt lookup where the text repeats itself, the draft model everywhere else."""
+
+from __future__ import annotations
+
+import torch
+
+from ..sampling import SamplingConfig
+from .base import Proposal
+from .draft import DraftModel
+from .lookup import PromptLookup
+
+
+class Hybrid:
+    """Each round, guesses from an n-gram match if there is one (free: no model call), else
+    from the draft model. The draft's cache may fall behind during lookup rounds; its next
+    proposal feeds the tokens it missed in one block. Lossless like either part: the engine
+    verifies whichever proposal comes, with the distribution it was drawn from."""
+
+    def __init__(self, draft: DraftModel, lookup: PromptLookup):
+        self.draft, self.lookup = draft, lookup
+        self.k = draft.k
+        self.lookup_rounds = 0  # rounds served by lookup, for the stats of a run
+
+    @property
+    def calls(self) -> int:
+        return self.draft.calls
+
+    def begin(self, prompt: torch.Tensor, vocab_size: int, reuse: bool = False) -> None:
+        self.lookup_rounds = 0
+        self.draft.begin(prompt, vocab_size, reuse)
+        self.lookup.begin(prompt, vocab_size, reuse)
+
+    def propose(
+        self, seq: torch.Tensor, k: int, cfg: SamplingConfig, generator: torch.Generator | None
+    ) -> Proposal:
+        found = self.lookup.propose(seq, k, cfg, generator)
+        if found.tokens.numel():
+            self.lookup_rounds += 1
+            return found
+        return self.draft.propose(seq, k, cfg, generator)
+
+    def rollback(self, committed_len: int) -> None:
+        self.draft.rollback(committed_len)
