@@ -66,3 +66,19 @@ def test_real_block_through_the_verifier(target):
     wrong[1] = (wrong[1] + 1) % 64
     v = verify_greedy(rows, torch.tensor(wrong))
     assert (v.accepted, v.next_token.item()) == (1, drafts[1])
+
+
+def test_gqa_switch_is_on_for_cpu_models_and_blocks_still_match_serial_steps(target):
+    import os
+
+    from specdec.lm import GQA_SWITCH, CausalLM
+
+    lm = CausalLM(target)
+    assert os.environ.get(GQA_SWITCH) == "1"
+    # a masked 5-row block (SDPA with enable_gqa) against five 1-row steps (no mask)
+    prompt = torch.arange(20) % 50 + 1
+    lm.prefill(prompt)
+    block = lm.forward(torch.tensor([3, 9, 4, 7, 2]))
+    lm.cache.trim(20)
+    serial = torch.cat([lm.forward(torch.tensor([t])) for t in [3, 9, 4, 7, 2]])
+    torch.testing.assert_close(block, serial, rtol=1e-4, atol=1e-4)

@@ -3,6 +3,8 @@ cache, read its logits rows, trim, length. Another runtime only has to provide t
 
 from __future__ import annotations
 
+import os
+
 import torch
 from transformers import PreTrainedModel
 
@@ -10,10 +12,21 @@ from .cache import KVCache, cache_keyword
 from .errors import SpecdecError
 
 
+# transformers' SDPA path expands grouped K/V heads to all query heads (a copy of the whole KV
+# cache, every layer) whenever an attention mask is passed, i.e. for every verify block of 2+
+# rows, while a 1-row decode step passes none and uses SDPA's own GQA. On the CPU, SDPA with
+# enable_gqa and a mask gives the same numbers without the copy: measured at 8K context, a 3-row
+# verify block cost 1.8 target steps with the copy (docs/sweep.md). The switch is transformers'
+# own, read at every attention call; it stays off for CUDA, where a mask with GQA would leave the
+# fast kernels.
+GQA_SWITCH = "TRANSFORMERS_SDPA_FORCE_GQA"
+
+
 class CausalLM:
     """A causal LM together with one KV cache holding a prefix of the sequence."""
 
     def __init__(self, model: PreTrainedModel):
+        prefer_gqa_attention(model)
         self.model = model
         self.device = model.device
         self.vocab_size = logit_width(model)
@@ -73,6 +86,13 @@ class CausalLM:
                 "try --dtype float32 or check the model weights"
             )
         return logits
+
+
+def prefer_gqa_attention(model: PreTrainedModel) -> None:
+    """Turn on SDPA's own GQA for masked attention when `model` runs on the CPU (see GQA_SWITCH);
+    a user's explicit setting of the variable wins."""
+    if model.device.type == "cpu":
+        os.environ.setdefault(GQA_SWITCH, "1")
 
 
 def logit_width(model: PreTrainedModel) -> int:

@@ -33,7 +33,7 @@ from transformers import (
 )
 
 from specdec.errors import SpecdecError
-from specdec.lm import logit_width
+from specdec.lm import logit_width, prefer_gqa_attention
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 COMPLETE_MARKER = "specdec-complete.json"
@@ -146,7 +146,9 @@ def load_model(
     common = {"trust_remote_code": trust_remote_code, "local_files_only": True}
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=DTYPES[dtype], use_safetensors=True, **common)
     tokenizer = AutoTokenizer.from_pretrained(folder, **common)
-    return model.to(device).eval(), tokenizer
+    model = model.to(device).eval()
+    prefer_gqa_attention(model)  # before any forward, so HF generate() in a bench runs alike
+    return model, tokenizer
 
 
 def _local_folder(path: str) -> Path:
