@@ -102,13 +102,19 @@ def stats_of(proposed, accepted, propose_s=0.4, accept_s=0.1) -> GenerationStats
 
 
 def test_calibration_from_stats_hand_computed():
-    cal = Calibration.from_stats([stats_of([2, 2, 0], [2, 0, 0]), stats_of([2], [1])])
+    cal = Calibration.from_stats([stats_of([2, 0, 2], [2, 0, 0]), stats_of([2], [1])])
     # position 1 judged in the 3 guessing rounds, accepted in 2; position 2 judged twice, accepted once
     assert cal.acceptance.rates == pytest.approx((2 / 3, 1 / 2))
     assert cal.acceptance.hit_rate == pytest.approx(3 / 4)
     assert cal.histogram == [1, 1, 1]
     assert cal.acceptance_rate == pytest.approx(3 / 6)
     assert cal.propose_per_round == pytest.approx(0.8 / 4) and cal.overhead_per_round == pytest.approx(0.2 / 4)
+
+
+def test_calibration_ignores_a_last_round_left_without_room():
+    # a draft guessed in every round but the last, which max_new_tokens left empty
+    cal = Calibration.from_stats([stats_of([2, 2, 0], [1, 2, 0])])
+    assert cal.acceptance.hit_rate == 1.0 and cal.histogram == [0, 1, 1]
 
 
 def test_calibration_counts_positions_never_accepted():
@@ -152,7 +158,7 @@ def test_bandwidth_verdict():
     fast_blocks = {1: 1.0, 4: 1.1}
     assert bandwidth_verdict(8e9, 1.0, 10e9, fast_blocks)["bound"] == "bandwidth"
     assert bandwidth_verdict(2e9, 1.0, 10e9, fast_blocks)["bound"] == "compute"
-    assert bandwidth_verdict(8e9, 1.0, 10e9, {1: 1.0, 4: 1.9})["bound"] == "compute"
+    assert bandwidth_verdict(8e9, 1.0, 10e9, {1: 1.0, 4: 1.9})["bound"] == "mixed"
 
 
 def test_long_prompts_have_the_exact_length_and_share_their_ending():

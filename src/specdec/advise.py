@@ -25,6 +25,13 @@ BANDWIDTH_BOUND = 0.5
 MIN_GAIN = 1.05
 
 
+BOUND_TEXT = {
+    "bandwidth": "Decode is bandwidth-bound here, and blocks ride along almost free",
+    "mixed": "A decode step is bandwidth-bound here, but blocks of guesses run out of compute",
+    "compute": "Decode is compute-bound here",
+}
+
+
 @dataclass(frozen=True)
 class AdviseSettings:
     context: int = 512
@@ -52,8 +59,10 @@ class Calibration:
         accepted = _sum_lists([s.position_accepted for s in stats])
         accepted += [0] * (len(judged) - len(accepted))  # positions judged but never accepted
         rates = [a / j for a, j in zip(accepted, judged) if j > 0]
-        proposed = [n for s in stats for n in s.proposed_lengths]
-        lengths = [a for s in stats for a, n in zip(s.accept_lengths, s.proposed_lengths) if n > 0]
+        # A generation's last round may be left no room to guess (max_new_tokens); that is no miss.
+        rounds_of = [_without_empty_last(s) for s in stats]
+        proposed = [n for pairs in rounds_of for n, _ in pairs]
+        lengths = [a for pairs in rounds_of for n, a in pairs if n > 0]
         rounds = max(1, sum(s.rounds for s in stats))
         hit = sum(n > 0 for n in proposed) / len(proposed) if proposed else 0.0
         decode = sum(sum(t for p, t in s.times.items() if p != "prefill") for s in stats)
@@ -65,6 +74,12 @@ class Calibration:
             overhead_per_round=sum(s.times["accept"] + s.times["other"] for s in stats) / rounds,
             tokens_per_s=sum(s.new_tokens - 1 for s in stats) / decode if decode else 0.0,
         )
+
+
+def _without_empty_last(stats) -> list[tuple[int, int]]:
+    """(proposed, accepted) per round, without a final round that proposed nothing."""
+    pairs = list(zip(stats.proposed_lengths, stats.accept_lengths))
+    return pairs[:-1] if pairs and pairs[-1][0] == 0 else pairs
 
 
 def _sum_lists(lists: Sequence[Sequence[int]]) -> list[int]:
@@ -131,7 +146,10 @@ def bandwidth_verdict(decode_bytes: int, c_target: float, copy_bytes_per_s: floa
     used = decode_bytes / c_target
     share = used / copy_bytes_per_s
     growth = verify.get(4, max(verify.values())) / c_target
-    bound = "bandwidth" if share >= BANDWIDTH_BOUND and growth < 1.5 else "compute"
+    if share < BANDWIDTH_BOUND:
+        bound = "compute"
+    else:  # the step streams memory; whether blocks ride along depends on the compute left
+        bound = "bandwidth" if growth < 1.5 else "mixed"
     return {"bytes_per_step": decode_bytes, "bytes_per_s": used, "copy_bytes_per_s": copy_bytes_per_s,
             "share_of_copy_bandwidth": share, "verify4_over_step": growth, "bound": bound}
 
@@ -210,7 +228,7 @@ def render(report: dict) -> str:
     lines = [
         f"specdec advise: {report['dtype']} on {report['device']}, context {report['settings']['context']} tokens",
         "",
-        f"1. Decode is {bw['bound']}-bound here: a target step reads {bw['bytes_per_step'] / gib:.2f} GiB in "
+        f"1. {BOUND_TEXT[bw['bound']]}: a target step reads {bw['bytes_per_step'] / gib:.2f} GiB in "
         f"{report['c_target'] * 1e3:.0f} ms = {bw['bytes_per_s'] / 1e9:.1f} GB/s, "
         f"{100 * bw['share_of_copy_bandwidth']:.0f}% of the measured copy bandwidth "
         f"({bw['copy_bytes_per_s'] / 1e9:.1f} GB/s); a 4-guess verify block costs {bw['verify4_over_step']:.2f} steps.",
@@ -237,7 +255,7 @@ def render(report: dict) -> str:
         if p["speedup"] is None:
             lines.append(f"   {name}: {p['reason']}")
             continue
-        curve = ", ".join(f"k={k}: {s:.2f}" for k, s in p["speedup_by_k"].items() if k <= 8)
+        curve = ", ".join(f"k={k}: {s:.2f}" for k, s in p["speedup_by_k"].items() if int(k) <= 8)
         lines.append(f"   {name}: best k={p['k']} -> {p['speedup']:.2f}x ({curve}); {p['reason']}")
     choice = report["choice"]
     if choice["proposer"] == "none":
