@@ -54,13 +54,16 @@ class CausalLM:
         Reuse computes the shared prefix in another chunking than a fresh prefill, which moves
         logits by float rounding; callers compare outputs only among runs that reuse alike.
         """
-        keep = _shared_prefix(self._held[: self.length], prompt[:-1]) if reuse else 0
         if reuse:
-            self.cache.trim(keep)
+            self.keep_prefix_of(prompt[:-1])
             self.calls = 0
         else:
             self.reset()
-        return self.forward(prompt[keep:], last_only=True)
+        return self.forward(prompt[self.length :], last_only=True)
+
+    def keep_prefix_of(self, tokens: torch.Tensor) -> None:
+        """Trim the cache to the longest prefix of its positions that holds `tokens`' start."""
+        self.cache.trim(_shared_prefix(self._held[: self.length], tokens))
 
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, last_only: bool = False) -> torch.Tensor:

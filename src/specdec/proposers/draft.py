@@ -6,6 +6,7 @@ import torch
 from transformers import PreTrainedModel
 
 from ..errors import SpecdecError
+from ..draft_head import HEAD_IDS
 from ..lm import CausalLM
 from ..sampling import SamplingConfig, probs
 from .base import Proposal
@@ -30,22 +31,41 @@ class DraftModel:
             raise SpecdecError(f"min_confidence must lie in [0, 1), got {min_confidence}")
         self.k, self.min_confidence = k, min_confidence
         self.lm = model if isinstance(model, CausalLM) else CausalLM(model)
-        self._vocab = self.lm.vocab_size
+        # A head restricted to some token ids (specdec.draft_head) scores only those; their
+        # logits are spread back over the full vocabulary, the rest at -inf (q = 0 there).
+        self._head_ids = getattr(self.lm.model, HEAD_IDS, None)
+        self._vocab = self.lm.vocab_size if self._head_ids is None else int(self._head_ids.max()) + 1
 
     @property
     def calls(self) -> int:
         return self.lm.calls
 
     def begin(self, prompt: torch.Tensor, vocab_size: int, reuse: bool = False) -> None:
-        self._vocab = min(vocab_size, self.lm.vocab_size)
+        if self._head_ids is None:
+            self._vocab = min(vocab_size, self.lm.vocab_size)
+        elif int(self._head_ids.max()) >= vocab_size:
+            raise SpecdecError("the draft's restricted head scores token ids the target does not have")
+        else:
+            self._vocab = vocab_size
         self.lm.prefill(prompt, reuse=reuse)
+
+    def next_logits(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Feed `tokens` to the draft; its logits for the next token over the target's
+        vocabulary [vocab] (only the target's ids can be proposed: a head may carry padding rows)."""
+        row = self.lm.forward(tokens, last_only=True)[-1]
+        if self._head_ids is None:
+            return row[: self._vocab]
+        full = torch.full((self._vocab,), float("-inf"), device=row.device)
+        return full.index_copy_(0, self._head_ids, row)
 
     @torch.inference_mode()
     def propose(
         self, seq: torch.Tensor, k: int, cfg: SamplingConfig, generator: torch.Generator | None
     ) -> Proposal:
-        # Only the target's vocabulary can be proposed (a head may carry padding rows).
-        logits = self.lm.forward(seq[self.lm.length :], last_only=True)[-1, : self._vocab]
+        # The cache may hold guesses that were not committed (e.g. another branch): keep only
+        # what agrees with the committed sequence, then feed what the draft has not seen.
+        self.lm.keep_prefix_of(seq[:-1])
+        logits = self.next_logits(seq[self.lm.length :])
         tokens, qs = [], []
         for i in range(k):
             if cfg.greedy:
@@ -56,7 +76,7 @@ class DraftModel:
             tokens.append(token)
             if i + 1 == k or (self.min_confidence and self._unsure(logits, qs)):
                 break
-            logits = self.lm.forward(token, last_only=True)[-1, : self._vocab]
+            logits = self.next_logits(token)
         return Proposal(torch.cat(tokens), torch.stack(qs) if qs else None)
 
     def _unsure(self, logits: torch.Tensor, qs: list[torch.Tensor]) -> bool:
