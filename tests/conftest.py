@@ -77,8 +77,15 @@ def tiny_registry(monkeypatch, target):
     def fake_load(name, dtype="auto", device="cpu", trust_remote_code=False):
         if name not in served:
             return real_load(name, dtype, device, trust_remote_code)
-        return served[name]
+        model, tokenizer = served[name]
+        return copy.deepcopy(model), tokenizer  # a command may change its draft in place (int8)
 
     real_load = models.load_model
     monkeypatch.setattr(models, "load_model", fake_load)
     return served
+
+
+@pytest.fixture(autouse=True)
+def private_cache(monkeypatch, tmp_path_factory):
+    """Saved advice (specdec.auto) goes to a fresh folder per test, never the user's cache."""
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path_factory.mktemp("specdec-cache")))

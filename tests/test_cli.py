@@ -133,3 +133,57 @@ def test_ctrl_c_in_the_cli_prints_stats(capsys, tiny_registry, monkeypatch):
     monkeypatch.setattr(cli, "load_pair", lambda args: (*tiny_registry["tiny"], InterruptingLookup()))
     code, out, err = run(capsys, *base_args(tiny_registry, "--max-new-tokens", "20"))
     assert code == 130 and "[specdec]" in err and "Traceback" not in err
+
+
+# --- --proposer auto ------------------------------------------------------------------------------
+
+
+def auto_args(*extra):
+    return ["generate", "--target", "tiny", "--draft", "tiny", "--raw", "--prompt", PROMPT, "--json",
+            "--max-new-tokens", "12", *extra]
+
+
+def test_auto_is_the_default_and_uses_the_cpu_default_without_advice(capsys, tiny_registry):
+    code, out, err = run(capsys, *auto_args())
+    assert code == 0 and "auto: draft-int8 k=2 (no advice measured" in err
+    auto = json.loads(out)
+    code, out, _ = run(capsys, *auto_args("--proposer", "none"))
+    assert auto["new_tokens"] == json.loads(out)["new_tokens"]
+    assert auto["stats"]["draft_calls"] > 0 and max(auto["stats"]["proposed_lengths"]) == 2
+
+
+def test_auto_follows_saved_advice(capsys, tiny_registry, tmp_path):
+    from specdec.auto import Setup, advice_path, save_advice
+    from specdec.cli import build_parser
+
+    setup = Setup.from_args(build_parser().parse_args(auto_args()))
+    report = {"choice": {"proposer": "none", "k": 0, "predicted_speedup": 1.0}, "settings": {"context": 512}}
+    save_advice(setup, report)
+    code, out, err = run(capsys, *auto_args())
+    assert code == 0 and "auto: plain decoding (advised" in err
+    assert json.loads(out)["stats"]["draft_calls"] == 0
+    save_advice(setup, report | {"choice": {"proposer": "lookup", "k": 3, "predicted_speedup": 1.3}})
+    code, out, err = run(capsys, *auto_args("-k", "4"))  # an explicit -k wins
+    assert code == 0 and "auto: lookup k=4 (advised" in err and "predicted 1.30x" in err
+    # another machine, dtype or model pair has its own advice
+    assert advice_path(setup) != advice_path(Setup.from_args(build_parser().parse_args(auto_args("--dtype", "bfloat16"))))
+    advice_path(setup).write_text("{not json")
+    code, _, err = run(capsys, *auto_args())
+    assert code == 2 and "delete it or run `specdec advise` again" in err
+
+
+def test_advise_saves_advice_for_auto(capsys, tiny_registry, tmp_path):
+    from specdec.auto import Setup, advice_path
+    from specdec.cli import build_parser
+
+    prompts = tmp_path / "calib.jsonl"
+    prompts.write_text(json.dumps({"prompt": "w1 w2 w3 w1 w2 w3"}) + "\n")
+    args = ["advise", "--target", "tiny", "--draft", "tiny", "--dataset", str(prompts), "--categories", "",
+            "--prompts", "1", "--context", "200", "--k-max", "3", "--calibration-k", "2", "--tokens", "6", "--raw"]
+    assert main(args) == 0
+    setup = Setup.from_args(build_parser().parse_args(args))
+    saved = json.loads(advice_path(setup).read_text())
+    assert saved["setup"]["target"] == "tiny" and saved["context"] == 200
+    assert saved["choice"]["proposer"] in ("draft", "draft-int8", "lookup", "none")
+    err = capsys.readouterr().err
+    assert "saved for `specdec generate --proposer auto`" in err and "draft-int8 proposer" in err

@@ -7,6 +7,7 @@ import torch
 
 import specdec
 from specdec import DraftModel, Hybrid, PromptLookup, generate
+from specdec.draft_head import restrict_head
 from specdec.quantize import int8_draft
 
 from conftest import perturbed, tiny_model
@@ -30,20 +31,28 @@ def seeded(request):
     return case(request.param)
 
 
-_INT8: dict[int, torch.nn.Module] = {}
+_VARIANTS: dict[tuple[int, str], torch.nn.Module] = {}
+# Every third token id: the restricted draft cannot guess the others, so rounds where the
+# target wants one of them reject (and take the target's token) instead of matching.
+HEAD = torch.arange(0, 64, 3)
 
 
-def int8_copy(model):
-    """An int8-quantized copy of `model`, made once per model."""
-    if id(model) not in _INT8:
-        _INT8[id(model)] = int8_draft(copy.deepcopy(model))
-    return _INT8[id(model)]
+def variant(model, kind: str):
+    """A cheaper copy of `model` ("int8", "head" restricted to HEAD, or "head+int8"), made once."""
+    if (id(model), kind) not in _VARIANTS:
+        copied = copy.deepcopy(model)
+        if "head" in kind:
+            restrict_head(copied, HEAD)
+        _VARIANTS[id(model), kind] = int8_draft(copied) if "int8" in kind else copied
+    return _VARIANTS[id(model), kind]
 
 
 def drafters(draft, target, k):
     return {
         "draft": DraftModel(draft, k),
-        "int8 draft": DraftModel(int8_copy(draft), k),
+        "int8 draft": DraftModel(variant(draft, "int8"), k),
+        "restricted head": DraftModel(variant(draft, "head"), k),
+        "restricted int8 self-draft": DraftModel(variant(target, "head+int8"), k),
         "hybrid": Hybrid(DraftModel(draft, k), PromptLookup(k, max_ngram=3)),
         "adaptive k": DraftModel(draft, k, min_confidence=0.15),
         "self": DraftModel(target, k),  # accepts everything: exercises the bonus path
@@ -66,7 +75,7 @@ def test_draft_actually_speculates(seeded):
     out = generate(target, prompt, drafter=DraftModel(draft, 4), max_new_tokens=40, eos_token_id=[])
     assert 0 < out.stats.accepted < out.stats.proposed
     # int8 changes the draft's guesses a little, not its vocabulary or its usefulness
-    quantized = DraftModel(int8_copy(draft), 4)
+    quantized = DraftModel(variant(draft, "int8"), 4)
     assert quantized.lm.vocab_size == 64
     out8 = generate(target, prompt, drafter=quantized, max_new_tokens=40, eos_token_id=[])
     assert 0 < out8.stats.accepted < out8.stats.proposed
@@ -78,6 +87,18 @@ def test_draft_actually_speculates(seeded):
     adaptive = generate(target, prompt, drafter=DraftModel(draft, 4, min_confidence=0.1), max_new_tokens=40,
                         eos_token_id=[])
     assert max(adaptive.stats.proposed_lengths) == 4 and 0 < min(adaptive.stats.proposed_lengths[:-1]) < 4
+
+
+def test_restricted_head_guesses_only_its_ids(seeded):
+    target, _, prompt, plain = seeded
+    restricted = DraftModel(variant(target, "head"), 4)
+    guesses = []
+    out = generate(target, prompt, drafter=restricted, max_new_tokens=40, eos_token_id=[],
+                   on_commit=lambda tokens, from_draft: guesses.extend(tokens[:from_draft]))
+    assert out.new_tokens == plain and guesses and set(guesses) <= set(HEAD.tolist())
+    # a self-draft accepts all but the ids its head lacks
+    outside = sum(t not in set(HEAD.tolist()) for t in plain[1:])
+    assert outside > 0 and out.stats.accepted < out.stats.proposed
     self_out = generate(target, prompt, drafter=DraftModel(target, 4), max_new_tokens=40, eos_token_id=[])
     assert self_out.stats.accepted == self_out.stats.proposed
     assert self_out.stats.rounds < 40 / 4

@@ -50,6 +50,23 @@ def test_qwen_pair_speculation_equals_plain(qwen, task):
             assert out.stats.accepted > 0  # a real draft agrees with its target sometimes
 
 
+def test_qwen_cheaper_draft_equals_plain(qwen):
+    """The draft restricted to the 32768 ids most frequent in the bundled text, with int8
+    layers: its guesses still only propose, the output is the target's."""
+    import copy
+
+    from specdec.draft_head import HEAD_IDS, cheaper_draft
+
+    target, tok, draft = qwen
+    cheap = cheaper_draft(copy.deepcopy(draft), tok, vocab=32768, int8=True)
+    assert getattr(cheap, HEAD_IDS).numel() == 32768
+    prompt = encode_prompt(tok, PROMPTS["code"])
+    plain = generate(target, prompt, max_new_tokens=NEW_TOKENS).new_tokens
+    out = generate(target, prompt, drafter=DraftModel(cheap, 2), max_new_tokens=NEW_TOKENS, check=True)
+    assert_equal_or_near_tie(target, prompt, plain, out.new_tokens, "code/cheaper draft")
+    assert out.stats.accepted > out.stats.proposed / 2  # frequent ids cover most of the code
+
+
 def test_smollm2_speculation_equals_plain():
     model, tok = load_model("smollm2-135m-instruct")
     prompt = encode_prompt(tok, "List the planets of the solar system in order, one per line.")

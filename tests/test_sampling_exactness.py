@@ -9,6 +9,7 @@ rule (about 30 tests here, so a false alarm has probability < 0.3% and the seeds
 a known-wrong rule (resampling from p instead of the residual) must reach p-value < 1e-6.
 """
 
+import copy
 from collections import Counter
 
 import pytest
@@ -16,6 +17,7 @@ import torch
 
 from specdec import DraftModel, Hybrid, PromptLookup, generate, verify
 from specdec.check import chi2_pvalue, exact_joint, sampling_pvalues
+from specdec.draft_head import restrict_head
 from specdec.quantize import int8_draft
 from specdec.sampling import SamplingConfig, probs
 
@@ -81,6 +83,15 @@ def test_adaptive_k_sampling_matches_target(pair):
     # fluctuation of that seed set, which larger N over the same seeds kept showing.)
     target, draft = pair
     ps = pvalues(target, DraftModel(draft, 3, min_confidence=0.7), CONFIGS["plain"])
+    assert min(ps) > PASS, ps
+
+
+def test_restricted_head_sampling_matches_target(pair):
+    # The draft scores 5 of the 8 ids (q = 0 on the rest): those 3 reach the output only through
+    # residual and bonus draws, which the test therefore checks too.
+    target, draft = pair
+    small = restrict_head(copy.deepcopy(draft), torch.tensor([0, 2, 3, 5, 6]))
+    ps = pvalues(target, DraftModel(small, 3), CONFIGS["plain"])
     assert min(ps) > PASS, ps
 
 

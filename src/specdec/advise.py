@@ -157,10 +157,13 @@ def bandwidth_verdict(decode_bytes: int, c_target: float, copy_bytes_per_s: floa
 def run_advise(target, draft, tokenizer, settings: AdviseSettings, prompts: list[list[int]],
                progress: Callable[[str], None] = lambda _: None) -> dict:
     """Measure everything and return the report as a JSON-ready dict."""
+    import copy
+
     import torch
 
     from .engine import generate
     from .lm import CausalLM
+    from .quantize import int8_draft
     from .longprompt import long_prompt
     from .measure import copy_bandwidth, decode_bytes, kv_bytes, measure_model, weight_bytes
     from .proposers import DraftModel, PromptLookup
@@ -172,10 +175,15 @@ def run_advise(target, draft, tokenizer, settings: AdviseSettings, prompts: list
     t_lm = CausalLM(target)
     t_costs = measure_model(t_lm, context, range(1, settings.k_max + 2), settings.repeats)
     verify = {k: t_costs.verify(k) for k in range(1, settings.k_max + 1)}
-    d_costs = None
-    if draft is not None:
-        progress("draft C_D")
-        d_costs = measure_model(CausalLM(draft), context, [1, 2], settings.repeats)
+    drafts = {}
+    if draft is not None:  # a draft loaded with --draft-int8 is already the int8 candidate
+        drafts["draft" if _has_float_layers(draft) else "draft-int8"] = draft
+        if draft.device.type == "cpu" and _has_float_layers(draft):
+            drafts["draft-int8"] = int8_draft(copy.deepcopy(draft))  # the CPU's cheaper draft
+    d_costs = {}
+    for name, model in drafts.items():
+        progress(f"{name} C_D")
+        d_costs[name] = measure_model(CausalLM(model), context, [1, 2], settings.repeats)
     t_lm.reset()
 
     def calibrate(drafter) -> Calibration:
@@ -185,21 +193,23 @@ def run_advise(target, draft, tokenizer, settings: AdviseSettings, prompts: list
     progress(f"plain decoding on {len(prompts)} calibration prompts")
     plain = calibrate(None)
     candidates = {}
-    if draft is not None:
-        progress(f"draft proposer, k={settings.calibration_k}")
-        candidates["draft"] = (d_costs.step, calibrate(DraftModel(draft, settings.calibration_k)))
+    for name, model in drafts.items():
+        progress(f"{name} proposer, k={settings.calibration_k}")
+        candidates[name] = (d_costs[name].step, calibrate(DraftModel(model, settings.calibration_k)))
     progress(f"lookup proposer, k={settings.calibration_k}")
     candidates["lookup"] = (0.0, calibrate(PromptLookup(settings.calibration_k)))
 
     advice = recommend(t_costs.step, verify, 0.0, plain.overhead_per_round, candidates, settings.k_max)
+    c_draft = next(iter(d_costs.values())).step if d_costs else None
     models = {"target": target} | ({"draft": draft} if draft is not None else {})
     memory = {name: {"weights": weight_bytes(m), "kv_cache": kv_bytes(m, settings.context)}
               for name, m in models.items()}
     return {
         "settings": settings.__dict__,
         "device": str(target.device), "dtype": str(target.dtype).removeprefix("torch."),
-        "c_target": t_costs.step, "c_draft": d_costs.step if d_costs else None,
-        "draft_over_target": d_costs.step / t_costs.step if d_costs else None,
+        "c_draft": c_draft, "draft_over_target": c_draft / t_costs.step if c_draft else None,
+        "c_target": t_costs.step,
+        "c_draft_int8": d_costs["draft-int8"].step if "draft-int8" in d_costs else None,
         "verify": verify, "verify_over_step": {k: v / t_costs.step for k, v in verify.items()},
         "plain_tokens_per_s": plain.tokens_per_s,
         "bandwidth": bandwidth_verdict(decode_bytes(target, settings.context), t_costs.step, bandwidth, verify),
@@ -211,6 +221,13 @@ def run_advise(target, draft, tokenizer, settings: AdviseSettings, prompts: list
                         for name, (_, c) in candidates.items()},
         **advice,
     }
+
+
+def _has_float_layers(model) -> bool:
+    """Not yet quantized: its output layer is a plain float Linear."""
+    import torch
+
+    return isinstance(model.get_output_embeddings(), torch.nn.Linear)
 
 
 def _iid_tokens(c: Calibration) -> float | None:
@@ -234,8 +251,10 @@ def render(report: dict) -> str:
         f"({bw['copy_bytes_per_s'] / 1e9:.1f} GB/s); a 4-guess verify block costs {bw['verify4_over_step']:.2f} steps.",
     ]
     if report["c_draft"] is not None:
+        int8 = report.get("c_draft_int8")
         lines.append(f"2. The draft costs {report['c_draft'] * 1e3:.0f} ms a token = "
-                     f"{report['draft_over_target']:.2f} of a target step.")
+                     f"{report['draft_over_target']:.2f} of a target step"
+                     + (f"; with int8 layers {int8 * 1e3:.0f} ms = {int8 / report['c_target']:.2f}." if int8 else "."))
     else:
         lines.append("2. No draft model given: only prompt lookup was measured.")
     lines.append("3. Acceptance on the calibration prompts (greedy):")
@@ -262,7 +281,8 @@ def render(report: dict) -> str:
         lines.append(f"Recommendation: speculation does not pay here (no proposer reaches {MIN_GAIN:.2f}x); "
                      "use plain decoding (--proposer none).")
     else:
-        lines.append(f"Recommendation: --proposer {choice['proposer']} -k {choice['k']} "
+        flags = "draft --draft-int8" if choice["proposer"] == "draft-int8" else choice["proposer"]
+        lines.append(f"Recommendation: --proposer {flags} -k {choice['k']} "
                      f"(predicted {choice['predicted_speedup']:.2f}x).")
     return "\n".join(lines)
 

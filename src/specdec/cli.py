@@ -24,6 +24,9 @@ def add_models_args(p: argparse.ArgumentParser, draft_help: str = "draft model f
     p.add_argument("--draft", default=DEFAULT_DRAFT, help=draft_help)
     p.add_argument("--draft-int8", action="store_true",
                    help="int8 weights for the draft's linear layers (CPU): a cheaper draft, still lossless")
+    p.add_argument("--draft-vocab", type=int, default=None, metavar="N",
+                   help="the draft scores only the N most frequent token ids (e.g. 32768): a cheaper "
+                        "draft step, still lossless")
     p.add_argument("--dtype", default="auto", choices=["auto", *DTYPES],
                    help="auto: bfloat16 where the hardware has it natively, else float32")
     p.add_argument("--device", default="cpu")
@@ -31,10 +34,12 @@ def add_models_args(p: argparse.ArgumentParser, draft_help: str = "draft model f
                    help="allow a local model folder to run its own Python code")
 
 
-def add_model_args(p: argparse.ArgumentParser) -> None:
+def add_model_args(p: argparse.ArgumentParser, default_proposer: str = "draft") -> None:
     add_models_args(p)
-    p.add_argument("--proposer", choices=["draft", "lookup", "hybrid", "none"], default="draft",
-                   help="hybrid: prompt lookup when an n-gram matches, the draft model otherwise")
+    p.add_argument("--proposer", choices=["auto", "draft", "lookup", "hybrid", "none"], default=default_proposer,
+                   help="auto: what `specdec advise` measured best for this target, draft and machine "
+                        "(plain decoding where speculation does not pay); hybrid: prompt lookup when an "
+                        "n-gram matches, the draft model otherwise")
     p.add_argument("-k", type=int, default=None, help="tokens proposed per round (default 2)")
     p.add_argument("--max-ngram", type=int, default=3, help="longest n-gram prompt lookup matches")
     p.add_argument("--min-confidence", type=float, default=0.0,
@@ -42,13 +47,13 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
 
 
 def load_draft(args: argparse.Namespace, target, tokenizer):
-    """The draft model of --draft, checked against the target's vocabulary, int8 if asked."""
+    """The draft model of --draft, checked against the target's vocabulary, made cheaper as asked."""
+    from .draft_head import cheaper_draft
     from .models import check_same_vocab, load_model
-    from .quantize import int8_draft
 
     draft, draft_tokenizer = load_model(args.draft, args.dtype, args.device, args.trust_remote_code)
     check_same_vocab(tokenizer, draft_tokenizer, target, draft)
-    return int8_draft(draft) if args.draft_int8 else draft
+    return cheaper_draft(draft, tokenizer, vocab=args.draft_vocab, int8=args.draft_int8)
 
 
 def add_sampling_args(p: argparse.ArgumentParser) -> None:
@@ -64,10 +69,15 @@ def load_pair(args: argparse.Namespace):
     from .models import load_model
     from .proposers import DraftModel, Hybrid, PromptLookup
 
+    auto = args.proposer == "auto"
+    if auto:
+        args, chosen = resolve_auto(args)
     k = args.k if args.k is not None else DEFAULT_K.get(args.proposer, 1)
     if k < 1:
         raise SpecdecError(f"-k must be >= 1, got {k}")
     target, tokenizer = load_model(args.target, args.dtype, args.device, args.trust_remote_code)
+    if auto:  # said once the target is known to load, so a bad name still gives a one-line error
+        print(f"[specdec] auto: {chosen}", file=sys.stderr)
     if args.proposer == "none":
         return target, tokenizer, None
     if args.proposer == "lookup":
@@ -76,6 +86,19 @@ def load_pair(args: argparse.Namespace):
     if args.proposer == "hybrid":
         return target, tokenizer, Hybrid(draft, PromptLookup(k, max_ngram=args.max_ngram))
     return target, tokenizer, draft
+
+
+def resolve_auto(args: argparse.Namespace) -> tuple[argparse.Namespace, str]:
+    """The arguments with --proposer auto replaced by the saved advice (or the default), and
+    a line saying what was chosen and why; an explicit -k or --draft-int8 still wins."""
+    from .auto import Setup, choose
+
+    choice = choose(Setup.from_args(args))
+    proposer = "draft" if choice.proposer == "draft-int8" else choice.proposer
+    k = args.k if args.k is not None else max(choice.k, 1)  # "none" carries k=0
+    int8 = args.draft_int8 or choice.proposer == "draft-int8"
+    shown = "plain decoding" if proposer == "none" else f"{choice.proposer} k={k}"
+    return argparse.Namespace(**{**vars(args), "proposer": proposer, "k": k, "draft_int8": int8}), f"{shown} ({choice.why})"
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -117,6 +140,8 @@ def cmd_check(args: argparse.Namespace) -> int:
     plan = check.CheckPlan(greedy_prompts=args.prompts, greedy_tokens=args.tokens, samples=args.samples,
                            top_k=args.sample_top_k)
     target, tokenizer, drafter = load_pair(args)
+    if drafter is None:
+        raise SpecdecError("auto chose plain decoding for this setup: nothing to check; use --proposer draft or lookup")
     raw = lambda text: tokenizer(text)["input_ids"]
     start = time.perf_counter()
     eta = check.estimate_seconds(target, drafter, plan, raw)
@@ -179,7 +204,7 @@ def build_parser() -> argparse.ArgumentParser:
     src = g.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt")
     src.add_argument("--prompt-file")
-    add_model_args(g)
+    add_model_args(g, default_proposer="auto")
     add_sampling_args(g)
     g.add_argument("--raw", action="store_true", help="do not apply the chat template")
     g.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")

@@ -74,3 +74,13 @@ def restrict_to_frequent(model: PreTrainedModel, tokenizer, n: int) -> PreTraine
     keep = frequent_tokens(bundled_text_tokens(tokenizer), n, min(width, len(tokenizer)),
                            always=tokenizer.all_special_ids)
     return restrict_head(model, keep)
+
+
+def cheaper_draft(model: PreTrainedModel, tokenizer, vocab: int | None = None, int8: bool = False) -> PreTrainedModel:
+    """`model` with its head restricted to `vocab` frequent ids and/or int8 linear layers, in
+    place (restriction first: quantization replaces the head by an int8 one)."""
+    from .quantize import int8_draft
+
+    if vocab is not None:
+        restrict_to_frequent(model, tokenizer, vocab)
+    return int8_draft(model) if int8 else model

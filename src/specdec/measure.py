@@ -8,6 +8,7 @@ resists the odd slow call (page faults, another process waking up).
 
 from __future__ import annotations
 
+import platform
 import statistics
 import time
 from collections.abc import Iterable
@@ -113,3 +114,14 @@ def decode_bytes(model: PreTrainedModel, context: int) -> int:
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def device_name(device: str) -> str:
+    """The GPU's name, or the processor's model name from /proc/cpuinfo."""
+    if device.startswith("cuda"):
+        return torch.cuda.get_device_name(torch.device(device))
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or platform.machine()

@@ -69,6 +69,7 @@ def _load(args: argparse.Namespace):
 
 def cmd_advise(args: argparse.Namespace) -> int:
     from .advise import AdviseSettings, render, run_advise
+    from .auto import Setup, save_advice
     from .bench.datasets import Selection, load_prompts
     from .prompts import encode_prompt
 
@@ -84,6 +85,8 @@ def cmd_advise(args: argparse.Namespace) -> int:
     report = run_advise(target, draft, tokenizer, settings, encoded, progress=say)
     report["calibration_prompts"] = [p.id for p in prompts]
     print(json.dumps(report, indent=1) if args.json else render(report))
+    saved = save_advice(Setup.from_args(args), report)
+    print(f"[advise] saved for `specdec generate --proposer auto`: {saved}", file=sys.stderr)
     return 0
 
 

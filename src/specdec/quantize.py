@@ -22,5 +22,6 @@ def int8_draft(model: PreTrainedModel) -> PreTrainedModel:
         # torch marks its quantized tensor types as deprecated in favour of torchao; the kernels
         # are the ones that run fast on this CPU today.
         warnings.simplefilter("ignore", UserWarning)
+        warnings.simplefilter("ignore", DeprecationWarning)
         torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8, inplace=True)
     return model

@@ -67,7 +67,8 @@ def _header(config: dict) -> list[str]:
     env = config["environment"]
     return [
         f"- target **{config['target']}**" + (f", draft **{config['draft']}**" if config.get("draft") else "")
-        + (" (int8 linear layers for every draft method)" if config.get("draft_int8") else ""),
+        + (" (int8 linear layers for every draft method)" if config.get("draft_int8") else "")
+        + (f" (head of {config['draft_vocab']} token ids for every draft method)" if config.get("draft_vocab") else ""),
         f"- {config['dtype']} on {config['device']} ({env['device_name']}, {env['threads']} threads); "
         f"torch {env['torch']}, transformers {env['transformers']}",
         f"- dataset **{config['dataset']['name']}** ({chosen}; {len(config['prompt_ids'])} prompts), "

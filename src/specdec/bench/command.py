@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import platform
 import shlex
 import sys
 from dataclasses import asdict
@@ -14,6 +13,7 @@ import transformers
 
 from ..cli import DEFAULT_K, load_draft
 from ..errors import SpecdecError
+from ..measure import device_name
 from ..models import load_model, resolve_dtype
 from ..prompts import encode_prompt
 from ..report import REPORT, write_report
@@ -45,8 +45,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
     draft = load_draft(args, target, tokenizer) if any(m.needs_draft for m in methods) else None
     encoded = [EncodedPrompt(p, encode_prompt(tokenizer, p.text, raw=args.raw)) for p in prompts]
     settings = RunSettings(args.max_new_tokens, sampling, args.seed, eos_token_ids(target))
+    executor = Executor(target, draft, settings, memory, tokenizer)
+    executor.prepare(methods)
     try:
-        run_bench(out, config, encoded, methods, args.repeats, Executor(target, draft, settings, memory),
+        run_bench(out, config, encoded, methods, args.repeats, executor,
                   progress=not args.no_progress)
     except KeyboardInterrupt:
         print(f"\nspecdec: interrupted; the {len(read_rows(out))} finished rows are kept in {out / RESULTS}.\n"
@@ -83,6 +85,7 @@ def bench_config(
         "target": args.target,
         "draft": args.draft if any(m.needs_draft for m in methods) else None,
         "draft_int8": args.draft_int8,
+        "draft_vocab": args.draft_vocab,
         "dtype": resolve_dtype(args.dtype, args.device),
         "device": args.device,
         "methods": [asdict(m) for m in methods],
@@ -99,7 +102,7 @@ def bench_config(
             "torch": torch.__version__,
             "transformers": transformers.__version__,
             "threads": torch.get_num_threads(),
-            "device_name": _device_name(args.device),
+            "device_name": device_name(args.device),
         },
     }
 
@@ -107,15 +110,6 @@ def bench_config(
 def _split(text: str | None) -> list[str] | None:
     return [part.strip() for part in text.split(",") if part.strip()] if text else None
 
-
-def _device_name(device: str) -> str:
-    if device.startswith("cuda"):
-        return torch.cuda.get_device_name(torch.device(device))
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        return platform.processor() or platform.machine()
 
 
 def _resume_command() -> str:

@@ -19,9 +19,9 @@ import torch
 from transformers import GenerationConfig, PreTrainedModel
 from transformers.generation import BaseStreamer
 
+from ..draft_head import cheaper_draft
 from ..engine import generate
 from ..proposers import DraftModel, Hybrid, PromptLookup
-from ..quantize import int8_draft
 from ..sampling import SamplingConfig
 from .memory import PeakMemory
 from .methods import Method
@@ -51,10 +51,14 @@ class Executor:
     """Runs methods on one target (and optional draft) with fixed settings."""
 
     def __init__(
-        self, target: PreTrainedModel, draft: PreTrainedModel | None, settings: RunSettings, memory: PeakMemory
+        self, target: PreTrainedModel, draft: PreTrainedModel | None, settings: RunSettings, memory: PeakMemory,
+        tokenizer=None,
     ):
+        """`tokenizer` (the target's) is needed only by methods with a vocab= option."""
         self.target, self.draft, self.settings, self.memory = target, draft, settings, memory
-        self._draft_int8: PreTrainedModel | None = None
+        self.tokenizer = tokenizer
+        # Cheaper copies of the draft by (int8, vocab); plain draft methods keep the original.
+        self._variants: dict[tuple[bool, int | None], PreTrainedModel] = {(False, None): draft}
 
     def run(self, method: Method, prompt_ids: list[int], repeat: int) -> dict:
         """The measurement fields of one row."""
@@ -97,18 +101,25 @@ class Executor:
         }
 
     def _proposer(self, method: Method) -> DraftModel | PromptLookup | Hybrid | None:
-        confidence = (method.conf or 0) / 100
-        if method.kind == "draft":
-            return DraftModel(self.draft, method.k, confidence)
-        if method.kind == "draft-int8":
-            if self._draft_int8 is None:  # a quantized copy: plain draft methods keep the original
-                self._draft_int8 = int8_draft(copy.deepcopy(self.draft))
-            return DraftModel(self._draft_int8, method.k, confidence)
         if method.kind == "lookup":
             return PromptLookup(method.k, max_ngram=method.ngram)
+        if not method.needs_draft:
+            return None
+        draft = DraftModel(self._draft(method.kind == "draft-int8", method.vocab), method.k, (method.conf or 0) / 100)
         if method.kind == "hybrid":
-            return Hybrid(DraftModel(self.draft, method.k), PromptLookup(method.k, max_ngram=method.ngram))
-        return None
+            return Hybrid(draft, PromptLookup(method.k, max_ngram=method.ngram))
+        return draft
+
+    def prepare(self, methods: list[Method]) -> None:
+        """Build the draft variants the methods need now, so a bad option fails before any run."""
+        for m in methods:
+            if m.needs_draft and not m.is_hf:
+                self._draft(m.kind == "draft-int8", m.vocab)
+
+    def _draft(self, int8: bool, vocab: int | None) -> PreTrainedModel:
+        if (int8, vocab) not in self._variants:
+            self._variants[int8, vocab] = cheaper_draft(copy.deepcopy(self.draft), self.tokenizer, vocab, int8)
+        return self._variants[int8, vocab]
 
     def _run_hf(self, method: Method, prompt_ids: list[int], seed: int | None, max_new_tokens: int) -> dict:
         ids = torch.tensor([prompt_ids], dtype=torch.long, device=self.target.device)

@@ -1,4 +1,4 @@
-"""The `--methods` list: `ar,draft:k=4,draft-int8:k=4,lookup:k=8:ngram=3,hybrid:k=3,hf-ar,hf-assisted:k=6,hf-lookup:k=10`.
+"""The `--methods` list: `ar,draft:k=4,draft-int8:k=4:vocab=32768,lookup:k=8:ngram=3,hybrid:k=3,hf-ar,hf-assisted:k=6,hf-lookup:k=10`.
 
 Methods are separated by commas and a method's options by colons, so the list needs no quoting.
 """
@@ -11,12 +11,14 @@ from dataclasses import dataclass
 from ..errors import SpecdecError
 
 # Options each kind accepts; ar and hf-ar guess nothing, so they take none.
+# conf=P: adaptive k, stop after a guess below P% draft confidence; vocab=N: the draft scores
+# only the N most frequent token ids (specdec.draft_head).
 OPTIONS = {
     "ar": (),
-    "draft": ("k", "conf"),  # conf=P: adaptive k, stop after a guess below P% draft confidence
-    "draft-int8": ("k", "conf"),  # the draft with int8 linear layers (specdec.quantize)
+    "draft": ("k", "conf", "vocab"),
+    "draft-int8": ("k", "conf", "vocab"),  # the draft with int8 linear layers (specdec.quantize)
     "lookup": ("k", "ngram"),
-    "hybrid": ("k", "ngram"),  # lookup when an n-gram matches, else the draft
+    "hybrid": ("k", "ngram", "vocab"),  # lookup when an n-gram matches, else the draft
     "hf-ar": (),
     "hf-assisted": ("k",),
     "hf-lookup": ("k", "ngram"),
@@ -32,6 +34,7 @@ class Method:
     k: int | None = None
     ngram: int | None = None
     conf: int | None = None  # percent
+    vocab: int | None = None  # token ids the draft scores; None: all
 
     @property
     def is_hf(self) -> bool:
@@ -59,15 +62,13 @@ def parse_method(text: str, default_k: Mapping[str, int], default_ngram: int) ->
     values = dict(_option(text, kind, option) for option in options)
     if not OPTIONS[kind]:
         return Method(kind, kind)
-    k = values.get("k", default_k[_MIRRORS.get(kind, kind)])
-    if "conf" in values:
-        if values["conf"] >= 100:
-            raise SpecdecError(f"conf in method {text!r} is a percentage below 100, got {values['conf']}")
-        return Method(f"{kind}:k={k}:conf={values['conf']}", kind, k, conf=values["conf"])
-    if "ngram" not in OPTIONS[kind]:
-        return Method(f"{kind}:k={k}", kind, k)
-    ngram = values.get("ngram", default_ngram)
-    return Method(f"{kind}:k={k}:ngram={ngram}", kind, k, ngram)
+    values.setdefault("k", default_k[_MIRRORS.get(kind, kind)])
+    if "ngram" in OPTIONS[kind]:
+        values.setdefault("ngram", default_ngram)
+    if values.get("conf", 0) >= 100:
+        raise SpecdecError(f"conf in method {text!r} is a percentage below 100, got {values['conf']}")
+    label = ":".join([kind, *(f"{o}={values[o]}" for o in OPTIONS[kind] if o in values)])
+    return Method(label, kind, **values)
 
 
 def _option(text: str, kind: str, option: str) -> tuple[str, int]:

@@ -1,0 +1,61 @@
+"""The restricted draft head: which ids it keeps, and that it scores them as the full head does."""
+
+import copy
+
+import pytest
+import torch
+
+from specdec import DraftModel
+from specdec.draft_head import HEAD_IDS, bundled_text_tokens, frequent_tokens, restrict_head
+from specdec.errors import SpecdecError
+from specdec.quantize import int8_draft
+
+from conftest import tiny_model, word_tokenizer
+
+
+def test_frequent_tokens_order():
+    texts = [[5, 5, 5, 2, 2, 9], [9, 2, 7]]  # counts: 5:3, 2:3, 9:2, 7:1
+    assert frequent_tokens(texts, 3, 10).tolist() == [2, 5, 9]  # ties broken by id
+    assert frequent_tokens(texts, 2, 10, always=[8]).tolist() == [2, 8]
+    # unseen ids fill up in increasing order
+    assert frequent_tokens(texts, 6, 10).tolist() == [0, 1, 2, 5, 7, 9]
+    assert frequent_tokens([[3, 99]], 2, 10).tolist() == [0, 3]  # ids outside the vocabulary ignored
+    with pytest.raises(SpecdecError, match="must lie in"):
+        frequent_tokens(texts, 11, 10)
+
+
+def test_restricted_head_scores_kept_ids_like_the_full_head():
+    model = tiny_model(3)
+    keep = torch.tensor([40, 3, 17, 63, 0])
+    small = restrict_head(copy.deepcopy(model), keep)
+    assert getattr(small, HEAD_IDS).tolist() == [0, 3, 17, 40, 63]
+    ids = torch.tensor([[1, 2, 3, 4]])
+    with torch.inference_mode():
+        full = model(input_ids=ids).logits[0, -1]
+        part = small(input_ids=ids).logits[0, -1]
+    torch.testing.assert_close(part, full[getattr(small, HEAD_IDS)])
+    # the proposer spreads them back over the vocabulary, -inf elsewhere
+    drafter = DraftModel(small, 2)
+    drafter.begin(ids[0, :-1], 64)
+    logits = drafter.next_logits(ids[0, -1:])
+    assert logits.shape == (64,) and torch.isinf(logits).sum() == 59
+    torch.testing.assert_close(logits[keep], full[keep], atol=1e-4, rtol=1e-4)
+
+
+def test_restrict_head_refuses_bad_input():
+    model = tiny_model(3)
+    with pytest.raises(SpecdecError, match=r"\[0, 64\)"):
+        restrict_head(copy.deepcopy(model), torch.tensor([64]))
+    with pytest.raises(SpecdecError, match="before quantizing"):
+        restrict_head(int8_draft(copy.deepcopy(model)), torch.tensor([1]))
+    twice = restrict_head(copy.deepcopy(model), torch.tensor([1, 2]))
+    with pytest.raises(SpecdecError, match="already restricted"):
+        restrict_head(twice, torch.tensor([1]))
+    # a draft whose head names ids the target lacks is refused when a sequence starts
+    with pytest.raises(SpecdecError, match="the target does not have"):
+        DraftModel(restrict_head(copy.deepcopy(model), torch.tensor([50])), 2).begin(torch.tensor([1]), 32)
+
+
+def test_bundled_text_is_real_text():
+    tokens = bundled_text_tokens(word_tokenizer(64))
+    assert len(tokens) == 480 and sum(map(len, tokens)) > 10_000
