@@ -86,6 +86,10 @@ def tiny_registry(monkeypatch, target):
 
 
 @pytest.fixture(autouse=True)
-def private_cache(monkeypatch, tmp_path_factory):
-    """Saved advice (specdec.auto) goes to a fresh folder per test, never the user's cache."""
-    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path_factory.mktemp("specdec-cache")))
+def private_advice(monkeypatch, tmp_path_factory):
+    """Saved advice (specdec.auto) goes to a fresh folder per test, never the user's cache; the
+    converted real models stay where they are."""
+    from specdec import auto
+
+    folder = tmp_path_factory.mktemp("advice")
+    monkeypatch.setattr(auto, "advice_dir", lambda: folder)

@@ -1,6 +1,6 @@
 """`--proposer auto`: the advisor's choice for this target, draft, dtype and machine.
 
-`specdec advise` saves its recommendation under the user's cache folder, keyed by what the
+`specdec advise` saves its recommendation in the cache folder (advice_dir), keyed by what the
 measurement depends on (models, dtype, device, processor and thread count). `auto` reads it and
 runs the recommended proposer and k, or plain decoding where the advice measured that
 speculation does not pay. Without saved advice it uses the measured default for the device
@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -57,17 +56,16 @@ class Choice:
     why: str
 
 
-def cache_dir() -> Path:
-    """$SPECDEC_CACHE, else $XDG_CACHE_HOME/specdec, else ~/.cache/specdec."""
-    if os.environ.get("SPECDEC_CACHE"):
-        return Path(os.environ["SPECDEC_CACHE"])
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "specdec"
+def advice_dir() -> Path:
+    """Saved advice lives next to the converted models (SPECDEC_CACHE or ~/.cache/specdec)."""
+    from .models import cache_root
+
+    return cache_root() / "advice"
 
 
 def advice_path(setup: Setup) -> Path:
     key = hashlib.sha256(json.dumps(asdict(setup), sort_keys=True).encode()).hexdigest()[:16]
-    return cache_dir() / "advice" / f"{key}.json"
+    return advice_dir() / f"{key}.json"
 
 
 def save_advice(setup: Setup, report: dict) -> Path:
