@@ -4,7 +4,7 @@ from .engine import GenerationResult, generate
 from .errors import SpecdecError
 from .models import load_model
 from .prompts import encode_prompt
-from .proposers import DraftModel, Hybrid, PromptLookup
+from .proposers import DraftModel, Hybrid, PromptLookup, TreeDraft
 from .sampling import SamplingConfig
 from .stats import GenerationStats
 
@@ -16,6 +16,7 @@ __all__ = [
     "PromptLookup",
     "SamplingConfig",
     "SpecdecError",
+    "TreeDraft",
     "encode_prompt",
     "generate",
     "load_model",

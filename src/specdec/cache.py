@@ -9,8 +9,13 @@ so the adapter only ever passes a strictly negative count.
 from __future__ import annotations
 
 import inspect
+from collections.abc import Sequence
 
+import torch
 from transformers import DynamicCache, PreTrainedModel
+from transformers.cache_utils import DynamicLayer
+
+from .errors import SpecdecError
 
 
 def cache_keyword(model: PreTrainedModel) -> str:
@@ -40,3 +45,23 @@ class KVCache:
             raise ValueError(f"cannot trim a cache of {current} positions to {length}")
         if length < current:
             self.hf_cache.crop(length - current)
+
+    def keep_positions(self, start: int, offsets: Sequence[int]) -> None:
+        """Keep the first `start` positions, then the positions start + offsets[j] (increasing
+        offsets) moved to start + j; drop the rest. Used after a tree forward to keep only the
+        accepted path, whose keys were computed at the positions they now occupy."""
+        offsets = list(offsets)
+        span = self.length - start
+        if offsets != sorted(set(offsets)) or any(not 0 <= o < span for o in offsets):
+            raise ValueError(f"offsets {offsets} must increase and lie in [0, {span})")
+        for layer in self.hf_cache.layers:
+            # A sliding-window or quantized layer keeps more state than keys/values; moving
+            # positions inside it would need that layer's own bookkeeping.
+            if type(layer) is not DynamicLayer:
+                kind = type(layer).__name__
+                raise SpecdecError(f"tree verification needs plain dynamic cache layers, not {kind}")
+            if not layer.is_initialized:  # a layer that shares another's keys holds none
+                continue
+            index = torch.tensor(offsets, dtype=torch.long, device=layer.keys.device) + start
+            layer.keys = torch.cat([layer.keys[:, :, :start], layer.keys.index_select(2, index)], dim=2)
+            layer.values = torch.cat([layer.values[:, :, :start], layer.values.index_select(2, index)], dim=2)

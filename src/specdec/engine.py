@@ -5,6 +5,10 @@ Cache convention, asserted every round: the target's cache holds the committed s
 its last ("pending") token, which opens the next block, so a round costs exactly one target
 forward: block = [pending, d1..dk], whose row i judges d(i+1) and whose last row gives the
 bonus. The first new token comes from the prefill's last row, as in plain decoding.
+
+A tree proposal (Proposal.parents set) is scored in one forward too, with a tree attention
+mask (CausalLM.forward_tree); the cache then keeps the pending token and the accepted path
+only (CausalLM.keep_positions), so the convention above holds after every round.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from .proposers.base import Proposal, Proposer
 from .sampling import SamplingConfig, pick
 from .stats import GenerationStats, PhaseClock
 from .verify import Verdict, verify_greedy, verify_sampling
+from .verify_tree import verify_tree
 
 # on_commit(tokens, from_draft): the tokens committed this round, of which the first
 # `from_draft` were the proposer's guesses and the rest came from the target.
@@ -114,20 +119,41 @@ def generate(
             k = min(drafter.k, room) if drafter is not None else 0
             proposal = drafter.propose(seq[:length], k, cfg, generator) if k else Proposal(seq[:0])
             clock.lap("propose")
-            rows = lm.forward(torch.cat([seq[length - 1 : length], proposal.tokens]))
+            rows = _score(lm, seq[length - 1 : length], proposal)
             clock.lap("verify")
-            verdict = _verify(rows, proposal, cfg, generator)
-            done = commit(torch.cat([proposal.tokens[: verdict.accepted], verdict.next_token]), verdict.accepted)
+            accepted, next_token = _accept(lm, rows, proposal, cfg, generator)
+            done = commit(torch.cat([accepted, next_token]), accepted.numel())
             lm.cache.trim(length - 1)
             if drafter is not None:
                 drafter.rollback(length)
-            stats.record_round(proposal.tokens.numel(), verdict.accepted)
+            stats.record_round(proposal.tokens.numel(), accepted.numel())
             # A round that asked for no guesses (the last one) leaves the draft untouched.
             _assert_caches(lm, drafter if k else None, length, check)
             clock.lap("accept")
     except KeyboardInterrupt as interrupt:
         raise GenerationInterrupted(result("interrupted")) from interrupt
     return result("eos" if done else "length")
+
+
+def _score(lm: CausalLM, pending: torch.Tensor, proposal: Proposal) -> torch.Tensor:
+    """The target's rows for the block [pending] + proposal: a chain, or a tree in one forward."""
+    block = torch.cat([pending, proposal.tokens])
+    if proposal.parents is None:
+        return lm.forward(block)
+    return lm.forward_tree(block, proposal.parents)
+
+
+def _accept(
+    lm: CausalLM, rows: torch.Tensor, proposal: Proposal, cfg: SamplingConfig, generator
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The accepted guesses and the target's next token. A tree's cache then keeps only the
+    accepted path after the pending token, so it holds a prefix of the committed sequence."""
+    if proposal.parents is None:
+        verdict = _verify(rows, proposal, cfg, generator)
+        return proposal.tokens[: verdict.accepted], verdict.next_token
+    path, next_token = verify_tree(rows, proposal, cfg, generator)
+    lm.keep_positions(lm.length - proposal.tokens.numel(), path)
+    return proposal.tokens[path], next_token
 
 
 def _verify(rows: torch.Tensor, proposal: Proposal, cfg: SamplingConfig, generator) -> Verdict:

@@ -71,9 +71,45 @@ class CausalLM:
         [len(tokens), vocab], or only the last row's [1, vocab] when `last_only`."""
         start = self.cache.length
         positions = torch.arange(start, start + tokens.numel(), device=self.device)
+        return self._run(tokens, positions, None, last_only)
+
+    @torch.inference_mode()
+    def forward_tree(self, tokens: torch.Tensor, parents: torch.Tensor) -> torch.Tensor:
+        """Score a token tree in one forward: `tokens` = [root, node 0, ..., node n-1] (1-D),
+        `parents[i]` = node i's parent index, -1 for the root (parents before children).
+        Each row attends to the whole cache, the root, its node's ancestors and itself, at
+        position cache length + depth, so row 1+i equals the last row of a plain forward of
+        the root-to-node-i path. All n+1 positions are appended to the cache; keep_positions
+        then keeps the accepted path. Returns float32 logits rows [n+1, vocab]."""
+        attention = self.model.config._attn_implementation
+        if attention not in ("sdpa", "eager"):
+            raise SpecdecError(f"tree verification needs sdpa or eager attention, not {attention}")
+        start = self.cache.length
+        depth, sees = tree_layout(parents.tolist())
+        visible = torch.ones(len(depth), start + len(depth), dtype=torch.bool, device=self.device)
+        visible[:, start:] = sees.to(self.device)
+        # An additive mask works for both attention paths (eager adds it to the scores; a
+        # boolean one would be added as 0/1 there); transformers passes 4D masks through as is.
+        dtype = self.model.dtype
+        mask = torch.zeros(visible.shape, dtype=dtype, device=self.device)
+        mask.masked_fill_(~visible, torch.finfo(dtype).min)
+        positions = start + torch.tensor(depth, device=self.device)
+        return self._run(tokens, positions, mask[None, None], False)
+
+    def keep_positions(self, start: int, offsets: list[int]) -> None:
+        """KVCache.keep_positions, keeping the token ids behind the positions in step."""
+        self.cache.keep_positions(start, offsets)
+        index = torch.tensor(offsets, dtype=torch.long, device=self.device) + start
+        self._held = torch.cat([self._held[:start], self._held[index]])
+
+    def _run(
+        self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None, last_only: bool
+    ) -> torch.Tensor:
+        start = self.cache.length
         out = self.model(
             input_ids=tokens.view(1, -1),
             position_ids=positions.view(1, -1),
+            attention_mask=mask,
             use_cache=True,
             logits_to_keep=1 if last_only else 0,
             **{self._cache_kw: self.cache.hf_cache},
@@ -89,6 +125,21 @@ class CausalLM:
                 "try --dtype float32 or check the model weights"
             )
         return logits
+
+
+def tree_layout(parents: list[int]) -> tuple[list[int], torch.Tensor]:
+    """Depths of [root, node 0..n-1] and which of them each one sees ([n+1, n+1] bool:
+    row a, column b is True when b is a's ancestor or a itself; the root is index 0)."""
+    n = len(parents)
+    sees = torch.eye(n + 1, dtype=torch.bool)
+    sees[:, 0] = True
+    depth = [0] * (n + 1)
+    for i, parent in enumerate(parents):
+        if not -1 <= parent < i:
+            raise SpecdecError(f"node {i}'s parent {parent} must be -1 or an earlier node")
+        sees[i + 1] |= sees[parent + 1]
+        depth[i + 1] = depth[parent + 1] + 1
+    return depth, sees
 
 
 def prefer_gqa_attention(model: PreTrainedModel) -> None:

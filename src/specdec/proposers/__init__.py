@@ -5,5 +5,6 @@ from .base import Proposal, Proposer
 from .draft import DraftModel
 from .hybrid import Hybrid
 from .lookup import PromptLookup
+from .tree import TreeDraft
 
-__all__ = ["DraftModel", "Hybrid", "PromptLookup", "Proposal", "Proposer"]
+__all__ = ["DraftModel", "Hybrid", "PromptLookup", "Proposal", "Proposer", "TreeDraft"]

@@ -14,6 +14,13 @@ from ..sampling import SamplingConfig
 class Proposal:
     tokens: torch.Tensor  # [n] proposed tokens, n <= the k asked for (0 = nothing to propose)
     q: torch.Tensor | None = None  # [n, vocab] distributions they were drawn from; None = point mass
+    # Tree proposals only (None = a chain, tokens[i] follows tokens[i-1]): parents[i] is the
+    # index of node i's parent, -1 for a child of the pending token; parents come before their
+    # children and siblings are tried in index order (see verify_tree).
+    parents: torch.Tensor | None = None
+    # Tree proposals only: True where node i was drawn from q[i], False where it was chosen
+    # deterministically (a point mass; its q row is ignored). None = all deterministic.
+    sampled: torch.Tensor | None = None
 
 
 class Proposer(Protocol):

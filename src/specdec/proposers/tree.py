@@ -1,0 +1,110 @@
+"""A draft model's chain of guesses plus, at each depth, its next most likely tokens as
+alternative leaves: the target scores the whole tree in one forward (verify_tree)."""
+
+from __future__ import annotations
+
+import torch
+
+from ..errors import SpecdecError
+from ..lm import CausalLM
+from ..sampling import SamplingConfig, probs
+from .base import Proposal
+from .draft import DraftModel
+
+
+class TreeDraft:
+    """Proposes the draft's chain of up to k tokens (greedy, or sampled from q as DraftModel
+    does) and, beside the chain token at each depth, up to width-1 alternatives: the draft's
+    most likely other tokens there. Alternatives are leaves, so they cost no draft forward;
+    they are placed after the chain token among its siblings, so the verifier tries the chain
+    first, and they are deterministic (point-mass) candidates fixed by the draft's logits and
+    the chain token, which keeps sampling exact (see verify_tree).
+
+    With `branch_below` < 1 a depth gets alternatives only where the draft's top probability is
+    below it (where the draft is sure, leaves are rarely accepted and only widen the block);
+    1.0 branches at every depth.
+    `min_confidence` (default: the draft's) stops the chain early as DraftModel's adaptive k.
+    """
+
+    def __init__(
+        self,
+        draft: DraftModel,
+        k: int | None = None,
+        width: int = 2,
+        branch_below: float = 1.0,
+        min_confidence: float | None = None,
+    ):
+        self.k = draft.k if k is None else k
+        if self.k < 1:
+            raise SpecdecError(f"k must be >= 1, got {self.k}")
+        if width < 1:
+            raise SpecdecError(f"width must be >= 1, got {width}")
+        if not 0.0 < branch_below <= 1.0:
+            raise SpecdecError(f"branch_below must lie in (0, 1], got {branch_below}")
+        self.min_confidence = draft.min_confidence if min_confidence is None else min_confidence
+        if not 0.0 <= self.min_confidence < 1.0:
+            raise SpecdecError(f"min_confidence must lie in [0, 1), got {self.min_confidence}")
+        self.draft, self.width, self.branch_below = draft, width, branch_below
+
+    @property
+    def lm(self) -> CausalLM:
+        return self.draft.lm
+
+    @property
+    def calls(self) -> int:
+        return self.draft.calls
+
+    def begin(self, prompt: torch.Tensor, vocab_size: int, reuse: bool = False) -> None:
+        self.draft.begin(prompt, vocab_size, reuse)
+
+    @torch.inference_mode()
+    def propose(
+        self, seq: torch.Tensor, k: int, cfg: SamplingConfig, generator: torch.Generator | None
+    ) -> Proposal:
+        # After an accepted alternative the draft's cache holds the chain token at that
+        # position: keep only what agrees with the committed sequence, then feed the rest.
+        self.lm.keep_prefix_of(seq[:-1])
+        logits = self.draft.next_logits(seq[self.lm.length :])
+        chain, qs, alternatives = [], [], []  # alternatives: (depth, token)
+        for depth in range(k):
+            if cfg.greedy:
+                token = logits.argmax(-1, keepdim=True)
+                confidence = float(torch.softmax(logits, -1).max())
+            else:
+                qs.append(probs(logits, cfg))
+                token = torch.multinomial(qs[-1], 1, generator=generator)
+                confidence = float(qs[-1].max())
+            chain.append(token)
+            if self.branch_below >= 1.0 or confidence < self.branch_below:
+                alternatives += [(depth, t) for t in self._alternatives(logits, int(token))]
+            if depth + 1 == k or confidence < self.min_confidence:
+                break
+            logits = self.draft.next_logits(token)
+        return _layout(chain, qs, alternatives)
+
+    def _alternatives(self, logits: torch.Tensor, chosen: int) -> list[int]:
+        """The draft's width-1 most likely tokens other than the chain's (a restricted head
+        leaves the ids it cannot score at -inf: never propose those)."""
+        values, ids = torch.topk(logits, min(self.width, logits.numel()))
+        top = ids[torch.isfinite(values)].tolist()
+        return [t for t in top if t != chosen][: self.width - 1]
+
+    def rollback(self, committed_len: int) -> None:
+        self.draft.rollback(committed_len)
+
+
+def _layout(
+    chain: list[torch.Tensor], qs: list[torch.Tensor], alternatives: list[tuple[int, int]]
+) -> Proposal:
+    """Nodes: the chain (node d at depth d+1, child of node d-1), then the alternatives, each a
+    sibling of the chain node at its depth, so every parent precedes its children and the
+    chain node comes first among its siblings."""
+    m = len(chain)
+    tokens = torch.cat(chain + [chain[0].new_tensor([t]) for _, t in alternatives])
+    parents = torch.tensor([d - 1 for d in range(m)] + [d - 1 for d, _ in alternatives])
+    if not qs:
+        return Proposal(tokens, parents=parents)
+    # Alternatives are point masses; their q rows are never read (zeros keep the shape).
+    q = torch.cat([torch.stack(qs), qs[0].new_zeros(len(alternatives), qs[0].numel())])
+    sampled = torch.tensor([True] * m + [False] * len(alternatives))
+    return Proposal(tokens, q, parents=parents, sampled=sampled)
