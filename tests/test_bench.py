@@ -113,7 +113,7 @@ def test_mt_bench_first_turns():
 
 def test_method_parsing():
     methods = parse_methods("ar, draft:k=4,draft-int8,lookup,lookup:k=8:ngram=2,hf-ar,hf-assisted:k=6,hf-lookup,"
-                            "hybrid:k=3,draft:k=4:conf=60,draft-int8:vocab=100:k=3", DEFAULT_K, 3)
+                            "hybrid:k=3,draft:k=4:conf=60,draft-int8:vocab=100:k=3,draft:width=2:k=3", DEFAULT_K, 3)
     assert methods == [
         Method("ar", "ar"),
         Method("draft:k=4", "draft", 4),
@@ -126,6 +126,7 @@ def test_method_parsing():
         Method("hybrid:k=3:ngram=3", "hybrid", 3, 3),
         Method("draft:k=4:conf=60", "draft", 4, conf=60),
         Method("draft-int8:k=3:vocab=100", "draft-int8", 3, vocab=100),  # canonical option order
+        Method("draft:k=3:width=2", "draft", 3, width=2),
     ]
 
 
@@ -301,7 +302,7 @@ def dataset(tmp_path_factory) -> Path:
     ])
 
 
-ALL_METHODS = "ar,draft:k=3,lookup:k=2,hf-ar,hf-assisted:k=2,hf-lookup:k=2,draft-int8:k=2,hybrid:k=2,draft:k=2:vocab=20"
+ALL_METHODS = "ar,draft:k=3,lookup:k=2,hf-ar,hf-assisted:k=2,hf-lookup:k=2,draft-int8:k=2,hybrid:k=2,draft:k=2:vocab=20,draft:k=2:width=2"
 
 
 def bench_args(tiny_pair, dataset, out, *extra) -> list[str]:
@@ -315,9 +316,9 @@ def test_full_bench_on_tiny_models(tiny_pair, dataset, tmp_path, monkeypatch):
     assert main(bench_args(tiny_pair, dataset, out)) == 0
     rows = read_rows(out)
     labels = ["ar", "draft:k=3", "lookup:k=2:ngram=3", "hf-ar", "hf-assisted:k=2", "hf-lookup:k=2:ngram=3",
-              "draft-int8:k=2", "hybrid:k=2:ngram=3", "draft:k=2:vocab=20"]
-    assert [r["method"] for r in rows[:9]] == labels  # interleaved per prompt
-    assert len(rows) == 4 * 9
+              "draft-int8:k=2", "hybrid:k=2:ngram=3", "draft:k=2:vocab=20", "draft:k=2:width=2"]
+    assert [r["method"] for r in rows[:10]] == labels  # interleaved per prompt
+    assert len(rows) == 4 * 10
     for r in rows:
         assert r["n_new"] == len(r["new_tokens"]) and r["prefill_s"] > 0 and r["peak_memory_bytes"] > 0
         assert r["finish_reason"] == ("eos" if r["new_tokens"][-1] == EOS else "length")
@@ -352,7 +353,7 @@ def test_full_bench_on_tiny_models(tiny_pair, dataset, tmp_path, monkeypatch):
     calls = []
     monkeypatch.setattr(execute.Executor, "_generate", lambda *a: calls.append(a))
     assert main([*bench_args(tiny_pair, dataset, out), "--resume"]) == 0
-    assert calls == [] and len(read_rows(out)) == 4 * 9
+    assert calls == [] and len(read_rows(out)) == 4 * 10
 
     # The report command rebuilds summary and report from the rows alone.
     (out / "summary.json").unlink()

@@ -25,12 +25,14 @@ def base_args(_, *extra):
 
 def test_json_output_equals_plain_decoding(capsys, tiny_registry):
     runs = {}
-    for proposer in ("none", "lookup", "draft"):
+    for proposer, *extra in (("none",), ("lookup",), ("draft",), ("draft", "--tree-width", "3"),
+                             ("draft", "--draft-vocab", "20"), ("hybrid", "--draft-int8")):
         code, out, _ = run(capsys, *base_args(tiny_registry, "--json", "--proposer", proposer,
-                                               "--max-new-tokens", "12"))
+                                               "--max-new-tokens", "12", *extra))
         assert code == 0
-        runs[proposer] = json.loads(out)
-    assert runs["lookup"]["new_tokens"] == runs["none"]["new_tokens"] == runs["draft"]["new_tokens"]
+        runs[" ".join([proposer, *extra])] = json.loads(out)
+    for name, r in runs.items():
+        assert r["new_tokens"] == runs["none"]["new_tokens"], name
     assert runs["draft"]["finish_reason"] in ("length", "eos")
     stats = runs["draft"]["stats"]
     for key in ("rounds", "target_calls", "draft_calls", "proposed", "accepted", "accept_lengths",
@@ -49,6 +51,8 @@ def test_streaming_marks_draft_tokens(capsys, tiny_registry):
 
 @pytest.mark.parametrize("extra,message", [
     (["-k", "0"], "-k must be >= 1"),
+    (["--proposer", "draft", "--tree-width", "0"], "width must be >= 1"),
+    (["--proposer", "draft", "--draft-vocab", "0"], "draft vocabulary size must lie in"),
     (["--max-new-tokens", "0"], "max-new-tokens must be >= 1"),
     (["--temperature", "-1"], "temperature must be >= 0"),
     (["--temperature", "1", "--top-p", "0"], "top_p must be in (0, 1]"),

@@ -42,6 +42,9 @@ def add_model_args(p: argparse.ArgumentParser, default_proposer: str = "draft") 
                         "n-gram matches, the draft model otherwise")
     p.add_argument("-k", type=int, default=None, help="tokens proposed per round (default 2)")
     p.add_argument("--max-ngram", type=int, default=3, help="longest n-gram prompt lookup matches")
+    p.add_argument("--tree-width", type=int, default=1, metavar="W",
+                   help="tree speculation: beside each draft guess, its W-1 next most likely tokens as "
+                        "alternatives, all verified in one target forward (1 = a plain chain)")
     p.add_argument("--min-confidence", type=float, default=0.0,
                    help="adaptive k: a round stops guessing after a draft probability below this")
 
@@ -67,7 +70,7 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
 def load_pair(args: argparse.Namespace):
     """Target model and tokenizer, and the proposer the arguments ask for (None for plain)."""
     from .models import load_model
-    from .proposers import DraftModel, Hybrid, PromptLookup
+    from .proposers import DraftModel, Hybrid, PromptLookup, TreeDraft
 
     auto = args.proposer == "auto"
     if auto:
@@ -85,7 +88,7 @@ def load_pair(args: argparse.Namespace):
     draft = DraftModel(load_draft(args, target, tokenizer), k, args.min_confidence)
     if args.proposer == "hybrid":
         return target, tokenizer, Hybrid(draft, PromptLookup(k, max_ngram=args.max_ngram))
-    return target, tokenizer, draft
+    return target, tokenizer, TreeDraft(draft, width=args.tree_width) if args.tree_width != 1 else draft
 
 
 def resolve_auto(args: argparse.Namespace) -> tuple[argparse.Namespace, str]:

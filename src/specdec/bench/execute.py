@@ -21,7 +21,7 @@ from transformers.generation import BaseStreamer
 
 from ..draft_head import cheaper_draft
 from ..engine import generate
-from ..proposers import DraftModel, Hybrid, PromptLookup
+from ..proposers import DraftModel, Hybrid, PromptLookup, TreeDraft
 from ..sampling import SamplingConfig
 from .memory import PeakMemory
 from .methods import Method
@@ -100,7 +100,7 @@ class Executor:
             "draft_calls": st.draft_calls,
         }
 
-    def _proposer(self, method: Method) -> DraftModel | PromptLookup | Hybrid | None:
+    def _proposer(self, method: Method) -> DraftModel | PromptLookup | Hybrid | TreeDraft | None:
         if method.kind == "lookup":
             return PromptLookup(method.k, max_ngram=method.ngram)
         if not method.needs_draft:
@@ -108,7 +108,7 @@ class Executor:
         draft = DraftModel(self._draft(method.kind == "draft-int8", method.vocab), method.k, (method.conf or 0) / 100)
         if method.kind == "hybrid":
             return Hybrid(draft, PromptLookup(method.k, max_ngram=method.ngram))
-        return draft
+        return TreeDraft(draft, width=method.width) if method.width else draft
 
     def prepare(self, methods: list[Method]) -> None:
         """Build the draft variants the methods need now, so a bad option fails before any run."""

@@ -1,4 +1,4 @@
-"""The `--methods` list: `ar,draft:k=4,draft-int8:k=4:vocab=32768,lookup:k=8:ngram=3,hybrid:k=3,hf-ar,hf-assisted:k=6,hf-lookup:k=10`.
+"""The `--methods` list: `ar,draft:k=4,draft-int8:k=4:vocab=32768,draft:k=3:width=2,lookup:k=8:ngram=3,hybrid:k=3,hf-ar,hf-assisted:k=6,hf-lookup:k=10`.
 
 Methods are separated by commas and a method's options by colons, so the list needs no quoting.
 """
@@ -12,11 +12,12 @@ from ..errors import SpecdecError
 
 # Options each kind accepts; ar and hf-ar guess nothing, so they take none.
 # conf=P: adaptive k, stop after a guess below P% draft confidence; vocab=N: the draft scores
-# only the N most frequent token ids (specdec.draft_head).
+# only the N most frequent token ids (specdec.draft_head); width=W: tree of the draft's chain
+# plus W-1 alternative leaves per depth (specdec.proposers.tree).
 OPTIONS = {
     "ar": (),
-    "draft": ("k", "conf", "vocab"),
-    "draft-int8": ("k", "conf", "vocab"),  # the draft with int8 linear layers (specdec.quantize)
+    "draft": ("k", "conf", "vocab", "width"),
+    "draft-int8": ("k", "conf", "vocab", "width"),  # the draft with int8 linear layers (specdec.quantize)
     "lookup": ("k", "ngram"),
     "hybrid": ("k", "ngram", "vocab"),  # lookup when an n-gram matches, else the draft
     "hf-ar": (),
@@ -35,6 +36,7 @@ class Method:
     ngram: int | None = None
     conf: int | None = None  # percent
     vocab: int | None = None  # token ids the draft scores; None: all
+    width: int | None = None  # tree: 1 + alternatives per depth; None: a chain
 
     @property
     def is_hf(self) -> bool:
