@@ -84,3 +84,39 @@ def test_sweep_and_advise_on_smollm2(tmp_path, capsys):
     report = json.loads(capsys.readouterr().out)
     assert report["calibration"]["draft"]["rates"][0] > 0.9  # self-draft
     assert report["choice"]["proposer"] in ("draft", "lookup", "none")
+
+
+def test_advise_with_random_weights_takes_saved_acceptance(tiny_registry, tmp_path, capsys):
+    """Measured acceptance from one run (real weights), costs timed on random weights of the
+    same shapes elsewhere: the second report carries the first's acceptance and its own costs."""
+    from conftest import tiny_model
+
+    common = ["--dataset", str(write_prompts(tmp_path)), "--categories", "", "--prompts", "2",
+              "--context", "400", "--k-max", "3", "--calibration-k", "3", "--tokens", "8", "--raw", "--json"]
+    assert main(["advise", "--target", "tiny", "--draft", "tiny", *common]) == 0
+    measured = json.loads(capsys.readouterr().out)
+    saved = tmp_path / "measured.json"
+    saved.write_text(json.dumps(measured))
+    shapes = tmp_path / "shapes"
+    tiny_model(1).config.save_pretrained(shapes)  # config.json only: no weights anywhere
+    assert main(["advise", "--target", str(shapes), "--draft", str(shapes), "--random-weights",
+                 "--acceptance", str(saved), *common]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["random_weights"] and report["acceptance_from"] == "saved"
+    for name in ("draft", "lookup"):
+        assert report["calibration"][name]["rates"] == measured["calibration"][name]["rates"]
+        assert report["calibration"][name]["hit_rate"] == measured["calibration"][name]["hit_rate"]
+    assert report["c_target"] > 0 and report["c_draft"] > 0 and report["choice"]["proposer"]
+    assert main(["advise", "--target", str(shapes), "--random-weights", *common]) == 2
+    assert "add --acceptance FILE" in capsys.readouterr().err
+
+
+# The published parameter counts (494,032,768 and 1,543,714,304 with tied embeddings) plus the
+# output layer, which these checkpoints store untied (vocab 151936 x hidden 896 / 1536).
+@pytest.mark.parametrize("name, params", [("qwen2.5-coder-0.5b-instruct", 494_032_768 + 151936 * 896),
+                                          ("qwen2.5-coder-1.5b-instruct", 1_543_714_304 + 151936 * 1536)])
+def test_random_model_has_the_real_shapes(name, params):
+    from specdec.models import random_model
+
+    model = random_model(name, "bfloat16", device="meta")  # shapes only, nothing allocated
+    assert sum(p.numel() for p in model.parameters()) == params

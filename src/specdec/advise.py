@@ -16,6 +16,7 @@ import numpy as np
 from .costmodel import (
     Acceptance, Costs, break_even_alpha, expected_accepted_iid, fit_alpha, optimal_k, predicted_speedup,
 )
+from .errors import SpecdecError
 
 # A decode step that reads memory at this share of the copy bandwidth or more is bandwidth-bound:
 # guesses then ride along almost free in a verify block.
@@ -73,6 +74,21 @@ class Calibration:
             propose_per_round=sum(s.times["propose"] for s in stats) / rounds,
             overhead_per_round=sum(s.times["accept"] + s.times["other"] for s in stats) / rounds,
             tokens_per_s=sum(s.new_tokens - 1 for s in stats) / decode if decode else 0.0,
+        )
+
+
+    @classmethod
+    def from_saved(cls, saved: dict, overhead_per_round: float) -> Calibration:
+        """A proposer's calibration from the JSON of another advise run (its acceptance, measured
+        where the weights are), with this machine's bookkeeping overhead per round."""
+        rates = tuple(float(r) for r in saved["rates"])
+        return cls(
+            acceptance=Acceptance(rates, float(saved["hit_rate"])),
+            histogram=list(saved.get("histogram", [])),
+            acceptance_rate=float(saved.get("acceptance_rate", sum(rates) / max(1, len(rates)))),
+            propose_per_round=float(saved.get("propose_per_round", 0.0)),
+            overhead_per_round=overhead_per_round,
+            tokens_per_s=0.0,
         )
 
 
@@ -155,14 +171,18 @@ def bandwidth_verdict(decode_bytes: int, c_target: float, copy_bytes_per_s: floa
 
 
 def run_advise(target, draft, tokenizer, settings: AdviseSettings, prompts: list[list[int]],
-               progress: Callable[[str], None] = lambda _: None) -> dict:
-    """Measure everything and return the report as a JSON-ready dict."""
+               progress: Callable[[str], None] = lambda _: None, saved: dict | None = None) -> dict:
+    """Measure everything and return the report as a JSON-ready dict.
+
+    With `saved` (the JSON of an advise run elsewhere) the proposers' acceptance comes from it
+    and only the costs are measured here: the models may then carry random weights, and
+    `tokenizer` may be None (the timed context is then random token ids)."""
     import copy
 
     import torch
 
     from .engine import generate
-    from .lm import CausalLM
+    from .lm import CausalLM, logit_width
     from .quantize import int8_draft
     from .longprompt import long_prompt
     from .measure import copy_bandwidth, decode_bytes, kv_bytes, measure_model, weight_bytes
@@ -170,7 +190,11 @@ def run_advise(target, draft, tokenizer, settings: AdviseSettings, prompts: list
 
     progress("copy bandwidth")
     bandwidth = copy_bandwidth(device=target.device)
-    context = torch.tensor(long_prompt(tokenizer, settings.context), device=target.device)
+    if tokenizer is None:  # random weights: the values of the context's tokens cost nothing
+        ids = torch.randint(logit_width(target), (settings.context,), generator=torch.Generator().manual_seed(0))
+    else:
+        ids = torch.tensor(long_prompt(tokenizer, settings.context))
+    context = ids.to(target.device)
     progress(f"target C_T(1), C_V(k) for k=1..{settings.k_max} at context {settings.context}")
     t_lm = CausalLM(target)
     t_costs = measure_model(t_lm, context, range(1, settings.k_max + 2), settings.repeats)
@@ -193,11 +217,20 @@ def run_advise(target, draft, tokenizer, settings: AdviseSettings, prompts: list
     progress(f"plain decoding on {len(prompts)} calibration prompts")
     plain = calibrate(None)
     candidates = {}
-    for name, model in drafts.items():
-        progress(f"{name} proposer, k={settings.calibration_k}")
-        candidates[name] = (d_costs[name].step, calibrate(DraftModel(model, settings.calibration_k)))
-    progress(f"lookup proposer, k={settings.calibration_k}")
-    candidates["lookup"] = (0.0, calibrate(PromptLookup(settings.calibration_k)))
+    if saved is not None:
+        found = saved.get("calibration", {})
+        for name in [*drafts, "lookup"]:
+            if name in found:
+                candidates[name] = (d_costs[name].step if name in d_costs else 0.0,
+                                    Calibration.from_saved(found[name], plain.overhead_per_round))
+        if not candidates:
+            raise SpecdecError("the acceptance file has no calibration of draft, draft-int8 or lookup")
+    else:
+        for name, model in drafts.items():
+            progress(f"{name} proposer, k={settings.calibration_k}")
+            candidates[name] = (d_costs[name].step, calibrate(DraftModel(model, settings.calibration_k)))
+        progress(f"lookup proposer, k={settings.calibration_k}")
+        candidates["lookup"] = (0.0, calibrate(PromptLookup(settings.calibration_k)))
 
     advice = recommend(t_costs.step, verify, 0.0, plain.overhead_per_round, candidates, settings.k_max)
     c_draft = next(iter(d_costs.values())).step if d_costs else None
@@ -214,8 +247,10 @@ def run_advise(target, draft, tokenizer, settings: AdviseSettings, prompts: list
         "plain_tokens_per_s": plain.tokens_per_s,
         "bandwidth": bandwidth_verdict(decode_bytes(target, settings.context), t_costs.step, bandwidth, verify),
         "memory": memory, "memory_total": sum(sum(m.values()) for m in memory.values()),
+        "acceptance_from": "saved" if saved is not None else "measured",
         "calibration": {name: {"rates": list(c.acceptance.rates), "hit_rate": c.acceptance.hit_rate,
                                "histogram": c.histogram, "tokens_per_s": c.tokens_per_s,
+                               "acceptance_rate": c.acceptance_rate, "propose_per_round": c.propose_per_round,
                                "expected_tokens_measured": c.acceptance.expected_tokens,
                                "expected_tokens_iid": _iid_tokens(c)}
                         for name, (_, c) in candidates.items()},
@@ -257,7 +292,9 @@ def render(report: dict) -> str:
                      + (f"; with int8 layers {int8 * 1e3:.0f} ms = {int8 / report['c_target']:.2f}." if int8 else "."))
     else:
         lines.append("2. No draft model given: only prompt lookup was measured.")
-    lines.append("3. Acceptance on the calibration prompts (greedy):")
+    lines.append("3. Acceptance " + ("from the saved run given with --acceptance (not measured here):"
+                                     if report.get("acceptance_from") == "saved"
+                                     else "on the calibration prompts (greedy):"))
     for name, c in report["calibration"].items():
         rates = " ".join(f"{r:.2f}" for r in c["rates"])
         lines.append(f"   {name}: by position [{rates}], rounds that guessed {100 * c['hit_rate']:.0f}%, "

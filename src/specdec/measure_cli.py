@@ -32,6 +32,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     a.add_argument("--tokens", type=int, default=48, help="new tokens per calibration prompt")
     a.add_argument("--raw", action="store_true", help="no chat template")
     a.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    a.add_argument("--random-weights", action="store_true",
+                   help="time models of the target's and draft's shapes with random weights (no weights "
+                        "needed here); acceptance then comes from --acceptance")
+    a.add_argument("--acceptance", metavar="FILE",
+                   help="take each proposer's acceptance from this `advise --json` output of a run where "
+                        "the real weights are, and measure only the costs here")
     a.set_defaults(func=cmd_advise)
 
     s = sub.add_parser("sweep", help="cost terms and speedup against context length",
@@ -67,8 +73,24 @@ def _load(args: argparse.Namespace):
     return target, draft, tokenizer
 
 
+def _load_random(args: argparse.Namespace):
+    """Random-weight models of the target's and the draft's shapes, and no tokenizer."""
+    from .models import random_model
+    from .quantize import int8_draft
+
+    if args.draft_vocab:
+        raise SpecdecError("--draft-vocab counts token frequencies with the tokenizer: not with --random-weights")
+    target = random_model(args.target, args.dtype, args.device)
+    draft = None if args.draft == "none" else random_model(args.draft, args.dtype, args.device)
+    return target, int8_draft(draft) if draft is not None and args.draft_int8 else draft, None
+
+
 def cmd_advise(args: argparse.Namespace) -> int:
+    import torch
+
     from .advise import AdviseSettings, render, run_advise
+    from .bench.store import read_json
+    from .lm import logit_width
     from .auto import Setup, save_advice
     from .bench.datasets import Selection, load_prompts
     from .prompts import encode_prompt
@@ -76,14 +98,23 @@ def cmd_advise(args: argparse.Namespace) -> int:
     for name in ("context", "k_max", "calibration_k", "prompts", "tokens"):
         if getattr(args, name) < 1:
             raise SpecdecError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.random_weights and not args.acceptance:
+        raise SpecdecError("random weights cannot measure acceptance: add --acceptance FILE, the output of "
+                           "`specdec advise --json` run where the real weights are")
+    saved = read_json(Path(args.acceptance)) if args.acceptance else None
     categories = tuple(c for c in args.categories.split(",") if c) or None
     prompts, _ = load_prompts(args.dataset, Selection(categories, 1 if categories else None, args.prompts))
+    target, draft, tokenizer = _load_random(args) if args.random_weights else _load(args)
+    if tokenizer is None:  # only plain decoding's bookkeeping is timed on these: any ids do
+        gen = torch.Generator().manual_seed(0)
+        encoded = [torch.randint(logit_width(target), (32,), generator=gen).tolist() for _ in prompts]
+    else:
+        encoded = [encode_prompt(tokenizer, p.text, raw=args.raw) for p in prompts]
     settings = AdviseSettings(args.context, args.k_max, args.calibration_k, len(prompts), args.tokens)
-    target, draft, tokenizer = _load(args)
-    encoded = [encode_prompt(tokenizer, p.text, raw=args.raw) for p in prompts]
     say = lambda step: print(f"[advise] {step}", file=sys.stderr, flush=True)
-    report = run_advise(target, draft, tokenizer, settings, encoded, progress=say)
-    report["calibration_prompts"] = [p.id for p in prompts]
+    report = run_advise(target, draft, tokenizer, settings, encoded, progress=say, saved=saved)
+    report["calibration_prompts"] = [p.id for p in prompts] if saved is None else f"from {args.acceptance}"
+    report["random_weights"] = args.random_weights
     print(json.dumps(report, indent=1) if args.json else render(report))
     saved = save_advice(Setup.from_args(args), report)
     print(f"[advise] saved for `specdec generate --proposer auto`: {saved}", file=sys.stderr)

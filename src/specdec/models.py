@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 from transformers import (
+    AutoConfig,
     AutoModelForCausalLM,
     AutoTokenizer,
     GgufConfig,
@@ -149,6 +150,27 @@ def load_model(
     model = model.to(device).eval()
     prefer_gqa_attention(model)  # before any forward, so HF generate() in a bench runs alike
     return model, tokenizer
+
+
+def random_model(name_or_path: str, dtype: str = "auto", device: str = "cpu") -> PreTrainedModel:
+    """A model of the architecture of `name_or_path` with random weights: timing a forward does
+    not depend on the weights' values, so costs can be measured where the weights are absent.
+    Registry models' architectures ship with specdec; a folder needs only its config.json."""
+    dtype = resolve_dtype(dtype, device)
+    if dtype not in DTYPES:
+        raise SpecdecError(f"unknown dtype {dtype!r}; use one of: auto, {', '.join(DTYPES)}")
+    spec = REGISTRY.get(name_or_path)
+    config_file = (Path(__file__).parent / "data" / "configs" / f"{spec.name}.json" if spec
+                   else Path(name_or_path) / "config.json")
+    if not config_file.is_file():
+        raise SpecdecError(f"{name_or_path} is neither a known name ({', '.join(known_models())}) "
+                           "nor a folder with a config.json")
+    config = AutoConfig.from_pretrained(config_file)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=DTYPES[dtype])
+    model = model.eval()
+    prefer_gqa_attention(model)
+    return model
 
 
 def _local_folder(path: str) -> Path:
