@@ -128,6 +128,7 @@ def test_method_parsing():
         Method("draft-int8:k=3:vocab=100", "draft-int8", 3, vocab=100),  # canonical option order
         Method("draft:k=3:width=2", "draft", 3, width=2),
     ]
+    assert parse_methods("auto", DEFAULT_K, 3) == [Method("auto", "auto")]
 
 
 @pytest.mark.parametrize("text, message", [
@@ -380,6 +381,31 @@ def test_resume_with_changed_config_is_refused(tiny_pair, dataset, tmp_path, cap
     capsys.readouterr()
     assert main(bench_args(tiny_pair, dataset, out, "--methods", "ar", "--limit", "2", "--resume")) == 2
     assert "differs from this run in prompt_ids, selection" in capsys.readouterr().err
+
+
+def test_auto_method_runs_the_advised_method(tiny_pair, dataset, tmp_path, capsys):
+    """`auto` is resolved once from the saved advice (or the device default), recorded in the
+    configuration, and runs that method's proposer; its output is ar's."""
+    from specdec.auto import Setup, save_advice
+    from specdec.cli import build_parser
+
+    out = tmp_path / "default"
+    assert main(bench_args(tiny_pair, dataset, out, "--methods", "ar,auto")) == 0
+    config = json.loads((out / "config.json").read_text())
+    assert config["auto"]["runs"] == "draft-int8:k=2" and "no advice" in config["auto"]["why"]
+    assert config["draft"] == tiny_pair[1]
+    rows = [r for r in read_rows(out) if r["method"] == "auto"]
+    assert rows and all(r["draft_calls"] > 0 and max(r["proposed_lengths"]) <= 2 for r in rows)
+    overall = json.loads((out / "summary.json").read_text())["overall"]["methods"]["auto"]
+    assert overall["greedy_equal"]["mismatches"] == 0
+
+    args = bench_args(tiny_pair, dataset, tmp_path / "advised", "--methods", "ar,auto")
+    save_advice(Setup.from_args(build_parser().parse_args(args)),
+                {"choice": {"proposer": "lookup", "k": 3, "predicted_speedup": 1.2}, "settings": {"context": 512}})
+    assert main(args) == 0
+    config = json.loads((tmp_path / "advised" / "config.json").read_text())
+    assert config["auto"]["runs"] == "lookup:k=3:ngram=3" and config["draft"] is None
+    assert all(r["draft_calls"] == 0 for r in read_rows(tmp_path / "advised") if r["method"] == "auto")
 
 
 def test_summary_without_ar_has_no_speedups():

@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 import transformers
 
+from ..auto import Setup, choose
 from ..cli import DEFAULT_K, load_draft
 from ..errors import SpecdecError
 from ..measure import device_name
@@ -21,7 +22,7 @@ from ..sampling import SamplingConfig
 from .datasets import Prompt, Selection, file_sha256, load_prompts
 from .execute import WARMUP_TOKENS, Executor, RunSettings, eos_token_ids
 from .memory import KINDS, PeakMemory
-from .methods import Method, parse_methods
+from .methods import Method, parse_methods, resolve_auto
 from .runner import EncodedPrompt, run_bench
 from .store import CONFIG, RESULTS, SUMMARY, check_out_dir, read_json, read_rows, write_json_atomic
 from .summary import summarize
@@ -37,15 +38,20 @@ def cmd_bench(args: argparse.Namespace) -> int:
     prompts, path = load_prompts(args.dataset, selection)
     out = Path(args.out)
     memory = PeakMemory(torch.device(args.device))
-    config = bench_config(args, methods, prompts, path, memory.kind)
+    # `auto` is resolved once, before anything runs; the choice is part of the configuration.
+    choice = choose(Setup.from_args(args)) if any(m.kind == "auto" for m in methods) else None
+    auto = resolve_auto(choice, args.max_ngram) if choice else None
+    config = bench_config(args, methods, prompts, path, memory.kind, auto)
+    if choice:
+        config["auto"] = {"runs": auto.label, "why": choice.why}
     # Checked before the models load (slow), so a refused folder is refused at once.
     check_out_dir(out, config, args.resume)
 
     target, tokenizer = load_model(args.target, args.dtype, args.device, args.trust_remote_code)
-    draft = load_draft(args, target, tokenizer) if any(m.needs_draft for m in methods) else None
+    draft = load_draft(args, target, tokenizer) if _needs_draft(methods, auto) else None
     encoded = [EncodedPrompt(p, encode_prompt(tokenizer, p.text, raw=args.raw)) for p in prompts]
     settings = RunSettings(args.max_new_tokens, sampling, args.seed, eos_token_ids(target))
-    executor = Executor(target, draft, settings, memory, tokenizer)
+    executor = Executor(target, draft, settings, memory, tokenizer, auto)
     executor.prepare(methods)
     try:
         run_bench(out, config, encoded, methods, args.repeats, executor,
@@ -77,13 +83,18 @@ def report_folder(out: Path) -> dict:
     return summary
 
 
+def _needs_draft(methods: list[Method], auto: Method | None) -> bool:
+    return any(m.needs_draft for m in methods) or (auto is not None and auto.needs_draft)
+
+
 def bench_config(
-    args: argparse.Namespace, methods: list[Method], prompts: list[Prompt], dataset_file: Path, memory_kind: str
+    args: argparse.Namespace, methods: list[Method], prompts: list[Prompt], dataset_file: Path, memory_kind: str,
+    auto: Method | None = None,
 ) -> dict:
     """Everything that makes two runs' rows comparable; --resume refuses a folder whose config differs."""
     return {
         "target": args.target,
-        "draft": args.draft if any(m.needs_draft for m in methods) else None,
+        "draft": args.draft if _needs_draft(methods, auto) else None,
         "draft_int8": args.draft_int8,
         "draft_vocab": args.draft_vocab,
         "dtype": resolve_dtype(args.dtype, args.device),

@@ -52,11 +52,12 @@ class Executor:
 
     def __init__(
         self, target: PreTrainedModel, draft: PreTrainedModel | None, settings: RunSettings, memory: PeakMemory,
-        tokenizer=None,
+        tokenizer=None, auto: Method | None = None,
     ):
-        """`tokenizer` (the target's) is needed only by methods with a vocab= option."""
+        """`tokenizer` (the target's) is needed only by methods with a vocab= option; `auto` is
+        the method the `auto` method stands for here (bench.methods.resolve_auto)."""
         self.target, self.draft, self.settings, self.memory = target, draft, settings, memory
-        self.tokenizer = tokenizer
+        self.tokenizer, self.auto = tokenizer, auto
         # Cheaper copies of the draft by (int8, vocab); plain draft methods keep the original.
         self._variants: dict[tuple[bool, int | None], PreTrainedModel] = {(False, None): draft}
 
@@ -101,6 +102,8 @@ class Executor:
         }
 
     def _proposer(self, method: Method) -> DraftModel | PromptLookup | Hybrid | TreeDraft | None:
+        if method.kind == "auto":
+            return self._proposer(self.auto)
         if method.kind == "lookup":
             return PromptLookup(method.k, max_ngram=method.ngram)
         if not method.needs_draft:
@@ -113,6 +116,7 @@ class Executor:
     def prepare(self, methods: list[Method]) -> None:
         """Build the draft variants the methods need now, so a bad option fails before any run."""
         for m in methods:
+            m = self.auto if m.kind == "auto" else m
             if m.needs_draft and not m.is_hf:
                 self._draft(m.kind == "draft-int8", m.vocab)
 

@@ -1,4 +1,4 @@
-"""The `--methods` list: `ar,draft:k=4,draft-int8:k=4:vocab=32768,draft:k=3:width=2,lookup:k=8:ngram=3,hybrid:k=3,hf-ar,hf-assisted:k=6,hf-lookup:k=10`.
+"""The `--methods` list: `ar,auto,draft:k=4,draft-int8:k=4:vocab=32768,draft:k=3:width=2,lookup:k=8:ngram=3,hybrid:k=3,hf-ar,hf-assisted:k=6,hf-lookup:k=10`.
 
 Methods are separated by commas and a method's options by colons, so the list needs no quoting.
 """
@@ -16,6 +16,7 @@ from ..errors import SpecdecError
 # plus W-1 alternative leaves per depth (specdec.proposers.tree).
 OPTIONS = {
     "ar": (),
+    "auto": (),  # what `generate --proposer auto` runs here (specdec.auto), resolved at the start
     "draft": ("k", "conf", "vocab", "width"),
     "draft-int8": ("k", "conf", "vocab", "width"),  # the draft with int8 linear layers (specdec.quantize)
     "lookup": ("k", "ngram"),
@@ -64,13 +65,21 @@ def parse_method(text: str, default_k: Mapping[str, int], default_ngram: int) ->
     values = dict(_option(text, kind, option) for option in options)
     if not OPTIONS[kind]:
         return Method(kind, kind)
-    values.setdefault("k", default_k[_MIRRORS.get(kind, kind)])
+    if "k" not in values:
+        values["k"] = default_k[_MIRRORS.get(kind, kind)]
     if "ngram" in OPTIONS[kind]:
         values.setdefault("ngram", default_ngram)
     if values.get("conf", 0) >= 100:
         raise SpecdecError(f"conf in method {text!r} is a percentage below 100, got {values['conf']}")
     label = ":".join([kind, *(f"{o}={values[o]}" for o in OPTIONS[kind] if o in values)])
     return Method(label, kind, **values)
+
+
+def resolve_auto(choice, default_ngram: int) -> Method:
+    """The method an `auto` choice (specdec.auto.Choice) stands for."""
+    if choice.proposer == "none":
+        return Method("ar", "ar")
+    return parse_method(f"{choice.proposer}:k={choice.k}", {}, default_ngram)
 
 
 def _option(text: str, kind: str, option: str) -> tuple[str, int]:
