@@ -62,9 +62,7 @@ class DraftModel:
     def propose(
         self, seq: torch.Tensor, k: int, cfg: SamplingConfig, generator: torch.Generator | None
     ) -> Proposal:
-        # The cache may hold guesses that were not committed (e.g. another branch): keep only
-        # what agrees with the committed sequence, then feed what the draft has not seen.
-        self.lm.keep_prefix_of(seq[:-1])
+        # rollback left the cache a prefix of the committed sequence: feed what it has not seen.
         logits = self.next_logits(seq[self.lm.length :])
         tokens, qs = [], []
         for i in range(k):
