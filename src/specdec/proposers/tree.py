@@ -66,14 +66,17 @@ class TreeDraft:
         self.lm.keep_prefix_of(seq[:-1])
         logits = self.draft.next_logits(seq[self.lm.length :])
         chain, qs, alternatives = [], [], []  # alternatives: (depth, token)
+        # The draft's top probability decides only where a threshold is set; reading it is a
+        # softmax over the vocabulary and a host sync, so skip it otherwise (1.0 = sure).
+        gated = self.branch_below < 1.0 or self.min_confidence > 0.0
         for depth in range(k):
             if cfg.greedy:
                 token = logits.argmax(-1, keepdim=True)
-                confidence = float(torch.softmax(logits, -1).max())
+                confidence = float(torch.softmax(logits, -1).max()) if gated else 1.0
             else:
                 qs.append(probs(logits, cfg))
                 token = torch.multinomial(qs[-1], 1, generator=generator)
-                confidence = float(qs[-1].max())
+                confidence = float(qs[-1].max()) if gated else 1.0
             chain.append(token)
             if self.branch_below >= 1.0 or confidence < self.branch_below:
                 alternatives += [(depth, t) for t in self._alternatives(logits, int(token))]
