@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from specdec import DraftModel, Hybrid, PromptLookup, generate, verify
+from specdec.adaptive import PayRule
 from specdec.check import chi2_pvalue, exact_joint, sampling_pvalues
 from specdec.draft_head import restrict_head
 from specdec.quantize import int8_draft
@@ -86,6 +87,15 @@ def test_adaptive_k_sampling_matches_target(pair):
     assert min(ps) > PASS, ps
 
 
+def test_pay_rule_sampling_matches_target(pair):
+    # Costs under which the rule stops after 1, 2 or 3 guesses depending on q (specdec.adaptive):
+    # first rounds of 1, 2 and 3 guesses in 85, 20 and 95 of seeds 0..199.
+    target, draft = pair
+    rule = PayRule(0.05, (1.0, 1.0, 1.05, 1.1))
+    ps = pvalues(target, DraftModel(draft, 3, pay_rule=rule), CONFIGS["plain"])
+    assert min(ps) > PASS, ps
+
+
 def test_restricted_head_sampling_matches_target(pair):
     # The draft scores 5 of the 8 ids (q = 0 on the rest): those 3 reach the output only through
     # residual and bonus draws, which the test therefore checks too.
@@ -115,10 +125,10 @@ def test_resampling_from_p_is_caught(pair, monkeypatch):
     target, draft = pair
     cfg = CONFIGS["plain"]
 
-    def wrong(p_row, q, draft_tokens, i, generator):
-        return torch.multinomial(p_row, 1, generator=generator)
+    def wrong(p, q, tokens):
+        return p
 
-    monkeypatch.setattr(verify, "_sample_residual", wrong)
+    monkeypatch.setattr(verify, "residual", wrong)
     ps = pvalues(target, DraftModel(draft, 3), cfg)
     assert min(ps) < CAUGHT, ps
 

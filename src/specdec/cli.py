@@ -47,6 +47,10 @@ def add_model_args(p: argparse.ArgumentParser, default_proposer: str = "draft") 
                         "alternatives, all verified in one target forward (1 = a plain chain)")
     p.add_argument("--min-confidence", type=float, default=0.0,
                    help="adaptive k: a round stops guessing after a draft probability below this")
+    p.add_argument("--pay-rule", metavar="FILE",
+                   help="adaptive k by the cost model: a round stops guessing when one more guess is not "
+                        "expected to pay, judged from the cost terms in FILE (the JSON of `specdec advise "
+                        "--json` for this pair); -k is then the most a round guesses")
 
 
 def load_draft(args: argparse.Namespace, target, tokenizer):
@@ -69,6 +73,7 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
 
 def load_pair(args: argparse.Namespace):
     """Target model and tokenizer, and the proposer the arguments ask for (None for plain)."""
+    from .adaptive import PayRule
     from .models import load_model
     from .proposers import DraftModel, Hybrid, PromptLookup, TreeDraft
 
@@ -85,7 +90,8 @@ def load_pair(args: argparse.Namespace):
         return target, tokenizer, None
     if args.proposer == "lookup":
         return target, tokenizer, PromptLookup(k, max_ngram=args.max_ngram)
-    draft = DraftModel(load_draft(args, target, tokenizer), k, args.min_confidence)
+    rule = PayRule.from_advice(args.pay_rule, args.draft_int8, k) if args.pay_rule else None
+    draft = DraftModel(load_draft(args, target, tokenizer), k, args.min_confidence, rule)
     if args.proposer == "hybrid":
         return target, tokenizer, Hybrid(draft, PromptLookup(k, max_ngram=args.max_ngram))
     return target, tokenizer, TreeDraft(draft, width=args.tree_width) if args.tree_width != 1 else draft

@@ -9,6 +9,12 @@ bonus. The first new token comes from the prefill's last row, as in plain decodi
 A tree proposal (Proposal.parents set) is scored in one forward too, with a tree attention
 mask (CausalLM.forward_tree); the cache then keeps the pending token and the accepted path
 only (CausalLM.keep_positions), so the convention above holds after every round.
+
+Host synchronisation: acceptance is decided on the device (verify.py) and a round reads back
+one packed tensor (_fetch: the accepted count, both models' NaN/inf flags, the tokens), so on
+CUDA the host waits for the GPU once per round, not per token (tests/test_host_sync.py counts
+it). Proposers that decide on the host add their own reads: prompt lookup's n-gram search,
+adaptive k's probability threshold or pay rule (one per guess), the tree walk.
 """
 
 from __future__ import annotations
@@ -85,27 +91,32 @@ def generate(
     seq[: prompt.numel()] = prompt
     length = prompt.numel()
 
-    def commit(tokens: torch.Tensor, from_draft: int) -> bool:
+    models = [lm, *_draft_models(drafter)]
+
+    def commit(guesses: torch.Tensor, count: torch.Tensor, next_token: torch.Tensor) -> tuple[bool, int]:
+        """Append the first `count` guesses and the target's token (up to max_new_tokens and
+        the first EOS); returns (EOS reached, count)."""
         nonlocal length
-        tokens = tokens[: prompt.numel() + max_new_tokens - length]
-        values = tokens.tolist()
+        values, from_draft = _fetch(guesses, count, next_token, models)
+        values = values[: prompt.numel() + max_new_tokens - length]
         hit = next((i for i, t in enumerate(values) if t in eos), None)
         if hit is not None:
-            values, tokens = values[: hit + 1], tokens[: hit + 1]
-        seq[length : length + len(values)] = tokens
+            values = values[: hit + 1]
+        seq[length : length + len(values)] = torch.cat([guesses[:from_draft], next_token])[: len(values)]
         length += len(values)
         if on_commit:
             on_commit(values, min(from_draft, len(values)))
-        return hit is not None
+        return hit is not None, from_draft
 
     first = pick(lm.prefill(prompt, reuse=reuse_prefix)[-1], cfg, generator)
     if drafter is not None:
         drafter.begin(prompt, lm.vocab_size, reuse=reuse_prefix)
     clock.lap("prefill")
-    done = commit(first, 0)
+    done, _ = commit(seq[:0], torch.zeros((), dtype=torch.long, device=lm.device), first)
     clock.lap("other")
 
     def result(reason: str) -> GenerationResult:
+        clock.settle()
         stats.target_calls = lm.calls
         stats.draft_calls = drafter.calls if drafter is not None else 0
         new = seq[prompt.numel() : length].tolist()
@@ -121,18 +132,38 @@ def generate(
             clock.lap("propose")
             rows = _score(lm, seq[length - 1 : length], proposal)
             clock.lap("verify")
-            accepted, next_token = _accept(lm, rows, proposal, cfg, generator)
-            done = commit(torch.cat([accepted, next_token]), accepted.numel())
+            done, accepted = commit(*_accept(lm, rows, proposal, cfg, generator))
             lm.cache.trim(length - 1)
             if drafter is not None:
                 drafter.rollback(length)
-            stats.record_round(proposal.tokens.numel(), accepted.numel())
+            stats.record_round(proposal.tokens.numel(), accepted)
             # A round that asked for no guesses (the last one) leaves the draft untouched.
             _assert_caches(lm, drafter if k else None, length, check)
             clock.lap("accept")
     except KeyboardInterrupt as interrupt:
         raise GenerationInterrupted(result("interrupted")) from interrupt
     return result("eos" if done else "length")
+
+
+def _fetch(
+    guesses: torch.Tensor, count: torch.Tensor, next_token: torch.Tensor, models: list[CausalLM]
+) -> tuple[list[int], int]:
+    """The round's one device-to-host transfer: the accepted count, every model's first
+    non-finite logits position (raised here) and the tokens, read together. Returns the
+    committed tokens (accepted guesses, then the target's) and how many were guesses."""
+    head = [count.view(1), *(model.nonfinite_at.view(1) for model in models)]
+    packed = torch.cat([*head, guesses, next_token]).tolist()
+    for model, position in zip(models, packed[1 : len(head)]):
+        model.check_finite(position)
+    accepted, tokens = packed[0], packed[len(head) :]
+    return tokens[:accepted] + tokens[-1:], accepted
+
+
+def _draft_models(drafter: Proposer | None) -> list[CausalLM]:
+    """The draft model behind a proposer (inside a hybrid or tree too), if it has one."""
+    inner = getattr(drafter, "draft", drafter)
+    draft_lm = getattr(inner, "lm", None)
+    return [draft_lm] if isinstance(draft_lm, CausalLM) else []
 
 
 def _score(lm: CausalLM, pending: torch.Tensor, proposal: Proposal) -> torch.Tensor:
@@ -145,15 +176,17 @@ def _score(lm: CausalLM, pending: torch.Tensor, proposal: Proposal) -> torch.Ten
 
 def _accept(
     lm: CausalLM, rows: torch.Tensor, proposal: Proposal, cfg: SamplingConfig, generator
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The accepted guesses and the target's next token. A tree's cache then keeps only the
-    accepted path after the pending token, so it holds a prefix of the committed sequence."""
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The guesses in the order they would be committed, how many of them were accepted (0-d)
+    and the target's next token, all on the device. A tree's cache then keeps only the accepted
+    path after the pending token, so it holds a prefix of the committed sequence."""
     if proposal.parents is None:
         verdict = _verify(rows, proposal, cfg, generator)
-        return proposal.tokens[: verdict.accepted], verdict.next_token
+        return proposal.tokens, verdict.accepted, verdict.next_token
     path, next_token = verify_tree(rows, proposal, cfg, generator)
     lm.keep_positions(lm.length - proposal.tokens.numel(), path)
-    return proposal.tokens[path], next_token
+    count = torch.tensor(len(path), device=lm.device)
+    return proposal.tokens[torch.tensor(path, dtype=torch.long, device=lm.device)], count, next_token
 
 
 def _verify(rows: torch.Tensor, proposal: Proposal, cfg: SamplingConfig, generator) -> Verdict:

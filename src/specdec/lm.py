@@ -34,8 +34,9 @@ class CausalLM:
         self.cache = KVCache(model)
         self.calls = 0
         # The token ids behind the cache's positions (valid up to self.length), so a later
-        # prompt that shares a prefix can reuse it (see prefill).
-        self._held = torch.empty(0, dtype=torch.long, device=self.device)
+        # prompt that shares a prefix can reuse it (see prefill); grown by doubling.
+        self._held = torch.empty(256, dtype=torch.long, device=self.device)
+        self._clear_nonfinite()
 
     @property
     def length(self) -> int:
@@ -44,7 +45,23 @@ class CausalLM:
     def reset(self) -> None:
         self.cache = KVCache(self.model)
         self.calls = 0
-        self._held = self._held[:0]
+        self._clear_nonfinite()
+
+    def _clear_nonfinite(self) -> None:
+        # First sequence position whose logits were NaN/inf, -1 if none: kept on the device so
+        # that a forward needs no host synchronisation; check_finite reads it.
+        self.nonfinite_at = torch.full((), -1, dtype=torch.long, device=self.device)
+
+    def check_finite(self, position: int | None = None) -> None:
+        """Raise if a forward since the last prefill produced NaN/inf logits. `position` is
+        nonfinite_at already read back by the caller (the engine reads it with the round's
+        tokens); None reads it here."""
+        where = int(self.nonfinite_at) if position is None else position
+        if where >= 0:
+            raise SpecdecError(
+                f"the model produced NaN/inf logits at sequence position {where}; "
+                "try --dtype float32 or check the model weights"
+            )
 
     def prefill(self, prompt: torch.Tensor, reuse: bool = False) -> torch.Tensor:
         """Start a sequence: forward `prompt` over a fresh cache and return its last logits row
@@ -57,6 +74,7 @@ class CausalLM:
         if reuse:
             self.keep_prefix_of(prompt[:-1])
             self.calls = 0
+            self._clear_nonfinite()
         else:
             self.reset()
         return self.forward(prompt[self.length :], last_only=True)
@@ -100,7 +118,7 @@ class CausalLM:
         """KVCache.keep_positions, keeping the token ids behind the positions in step."""
         self.cache.keep_positions(start, offsets)
         index = torch.tensor(offsets, dtype=torch.long, device=self.device) + start
-        self._held = torch.cat([self._held[:start], self._held[index]])
+        self._hold(start, self._held[index])
 
     def _run(
         self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None, last_only: bool
@@ -115,16 +133,27 @@ class CausalLM:
             **{self._cache_kw: self.cache.hf_cache},
         )
         self.calls += 1
-        self._held = torch.cat([self._held[:start], tokens])
+        self._hold(start, tokens)
         logits = out.logits[0].float()
-        if not torch.isfinite(logits).all():
-            bad = int((~torch.isfinite(logits)).any(-1).nonzero()[0])
-            where = start + (tokens.numel() - 1 if last_only else bad)
-            raise SpecdecError(
-                f"the model produced NaN/inf logits at sequence position {where}; "
-                "try --dtype float32 or check the model weights"
-            )
+        self._note_nonfinite(logits, start + tokens.numel() - logits.shape[0])
         return logits
+
+    @torch.inference_mode()  # the buffer may be an inference tensor (grown in a forward)
+    def _hold(self, start: int, tokens: torch.Tensor) -> None:
+        """Record `tokens` as the ids behind positions start, start+1, ..."""
+        end = start + tokens.numel()
+        if end > self._held.numel():
+            grown = torch.empty(max(end, 2 * self._held.numel()), dtype=torch.long, device=self.device)
+            grown[:start] = self._held[:start]
+            self._held = grown
+        self._held[start:end] = tokens
+
+    def _note_nonfinite(self, logits: torch.Tensor, first_row_position: int) -> None:
+        """Keep the first position whose row is not finite, on the device (see check_finite)."""
+        bad = ~torch.isfinite(logits).all(-1)
+        where = first_row_position + bad.long().argmax()
+        found = torch.where(bad.any(), where, -1)
+        self.nonfinite_at = torch.where(self.nonfinite_at >= 0, self.nonfinite_at, found)
 
 
 def tree_layout(parents: list[int]) -> tuple[list[int], torch.Tensor]:

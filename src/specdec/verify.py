@@ -11,21 +11,22 @@ from dataclasses import dataclass
 
 import torch
 
-from .sampling import SamplingConfig, probs
+from .sampling import SamplingConfig, draw, probs
 
 
 @dataclass
 class Verdict:
-    accepted: int  # leading draft tokens accepted
+    # Both stay on the rows' device, so deciding a round needs no host synchronisation; the
+    # engine reads them back together with the tokens in one transfer.
+    accepted: torch.Tensor  # 0-d: how many leading draft tokens were accepted
     next_token: torch.Tensor  # shape [1]: the replacement, or the bonus when all passed
 
 
 def verify_greedy(rows: torch.Tensor, draft: torch.Tensor) -> Verdict:
     """Longest prefix of `draft` equal to the target's argmax, then the target's own token."""
     choice = rows.argmax(-1)
-    k = draft.numel()
-    accepted = int((choice[:k] == draft).int().cumprod(0).sum())
-    return Verdict(accepted, choice[accepted : accepted + 1])
+    accepted = _leading(choice[: draft.numel()] == draft)
+    return Verdict(accepted, choice.index_select(0, accepted.view(1)))
 
 
 def verify_sampling(
@@ -48,34 +49,27 @@ def verify_sampling(
     q_draft = torch.ones_like(p_draft) if q is None else q[idx, draft]
     u = torch.rand(k, generator=generator, device=p.device)
     # u < p/q written without the division: a zero-probability token (p = 0) is never accepted.
-    accepted = int((u * q_draft < p_draft).int().cumprod(0).sum())
-    if accepted == k:
-        return Verdict(k, torch.multinomial(p[k], 1, generator=generator))
-    return Verdict(accepted, _sample_residual(p[accepted], q, draft, accepted, generator))
+    accepted = _leading(u * q_draft < p_draft)
+    # Row i of `fallback` is what a rejection of guess i draws from; row k is p of the last
+    # row, the bonus. All k residuals are formed so the choice stays on the device.
+    fallback = torch.cat([residual(p[:k], q, draft), p[k:]])
+    return Verdict(accepted, draw(fallback.index_select(0, accepted.view(1))[0], generator))
 
 
-def _sample_residual(
-    p_row: torch.Tensor,
-    q: torch.Tensor | None,
-    draft: torch.Tensor,
-    i: int,
-    generator: torch.Generator | None,
-) -> torch.Tensor:
+def residual(p: torch.Tensor, q: torch.Tensor | None, tokens: torch.Tensor) -> torch.Tensor:
+    """Rows of the normalised residual (p - q)+ after rejecting `tokens` ([n]) drawn from q
+    ([n, width], width <= p's: a draft head may lack the target's padding rows, which carry
+    q = 0); q None means each token was a point mass, so the residual is p without it."""
     if q is None:
-        residual = p_row.clone()
-        residual[draft[i]] = 0
+        out = p.scatter(-1, tokens.view(-1, 1), 0.0)
     else:
-        residual = (p_row - _match_width(q[i], p_row)).clamp_min(0)
-    mass = residual.sum()
+        out = (p - torch.nn.functional.pad(q, (0, p.shape[-1] - q.shape[-1]))).clamp_min(0)
+    mass = out.sum(-1, keepdim=True)
     # A rejection has probability sum((p-q)+); when that is 0 no rejection can occur, so this
-    # only guards rounding: fall back to p, which is then equal to q.
-    if mass <= 0:
-        residual, mass = p_row, p_row.sum()
-    return torch.multinomial(residual / mass, 1, generator=generator)
+    # only guards rounding: fall back to p, which then equals q.
+    return torch.where(mass > 0, out / mass.clamp_min(torch.finfo(out.dtype).tiny), p)
 
 
-def _match_width(q_row: torch.Tensor, p_row: torch.Tensor) -> torch.Tensor:
-    """A draft head may have fewer rows than the target's (padding rows); those carry q = 0."""
-    if q_row.numel() == p_row.numel():
-        return q_row
-    return torch.nn.functional.pad(q_row, (0, p_row.numel() - q_row.numel()))
+def _leading(hits: torch.Tensor) -> torch.Tensor:
+    """Number of leading True values of a 1-D bool tensor, 0-d long."""
+    return hits.long().cumprod(0).sum()

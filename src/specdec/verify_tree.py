@@ -38,8 +38,8 @@ from __future__ import annotations
 import torch
 
 from .proposers.base import Proposal
-from .sampling import SamplingConfig, probs
-from .verify import _match_width
+from .sampling import SamplingConfig, draw, probs
+from .verify import residual
 
 
 def verify_tree(
@@ -91,16 +91,17 @@ def _walk_sampling(
         accepted = None
         for child in children.get(node, []):
             x = tokens[child]
-            q_row = _match_width(proposal.q[child], r) if sampled[child] else None
-            q_x = float(q_row[x]) if q_row is not None else 1.0
+            q_row = proposal.q[child] if sampled[child] else None
+            q_x = float(q_row[x]) if q_row is not None else 1.0  # x was drawn from q_row
             u = float(torch.rand(1, generator=generator, device=p.device))
             # u < r/q written without the division: a token with r = 0 is never accepted.
             if u * q_x < float(r[x]):
                 accepted = child
                 break
-            r = _residual(r, q_row, x)
+            q_rows = None if q_row is None else q_row[None]
+            r = residual(r[None], q_rows, proposal.tokens[child : child + 1])[0]
         if accepted is None:
-            return path, torch.multinomial(r, 1, generator=generator)
+            return path, draw(r, generator)
         path.append(accepted)
         node = accepted
 
@@ -109,18 +110,3 @@ def _sampled_flags(proposal: Proposal, n: int) -> list[bool]:
     if proposal.q is None or proposal.sampled is None:
         return [False] * n
     return proposal.sampled.tolist()
-
-
-def _residual(r: torch.Tensor, q_row: torch.Tensor | None, x: int) -> torch.Tensor:
-    """r after rejecting token x drawn from q_row (None: x was a point mass), normalised."""
-    if q_row is None:
-        residual = r.clone()
-        residual[x] = 0
-    else:
-        residual = (r - q_row).clamp_min(0)
-    mass = residual.sum()
-    # A rejection has probability sum((r-q)+); when that is 0 no rejection can occur, so this
-    # only guards rounding: keep r, which then equals q.
-    if mass <= 0:
-        return r
-    return residual / mass

@@ -8,7 +8,8 @@ import argparse
 from ..cli import add_models_args, add_sampling_args
 
 METHODS_HELP = (
-    "comma list of methods, options after colons: ar, draft:k=K[:conf=P], draft-int8:k=K[:conf=P], "
+    "comma list of methods, options after colons: ar, auto, draft:k=K[:conf=P][:pay=1][:vocab=N][:width=W], "
+    "draft-int8 (same options), "
     "lookup:k=K:ngram=N, "
     "hybrid:k=K:ngram=N, hf-ar, "
     "hf-assisted:k=K, hf-lookup:k=K:ngram=N (k defaults to 3, ngram to --max-ngram)"
@@ -32,6 +33,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--resume", action="store_true", help="continue a run in --out, skipping finished rows")
     b.add_argument("--raw", action="store_true", help="do not apply the chat template")
     b.add_argument("--no-progress", action="store_true", help="no progress bar")
+    b.add_argument("--pay-rule", metavar="FILE",
+                   help="cost terms for methods with pay=1: the JSON of `specdec advise --json` for this pair")
     add_models_args(b, "draft model of draft and hf-assisted methods")
     add_sampling_args(b)
     b.set_defaults(func=_bench)

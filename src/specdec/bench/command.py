@@ -51,7 +51,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     draft = load_draft(args, target, tokenizer) if _needs_draft(methods, auto) else None
     encoded = [EncodedPrompt(p, encode_prompt(tokenizer, p.text, raw=args.raw)) for p in prompts]
     settings = RunSettings(args.max_new_tokens, sampling, args.seed, eos_token_ids(target))
-    executor = Executor(target, draft, settings, memory, tokenizer, auto)
+    executor = Executor(target, draft, settings, memory, tokenizer, auto, args.pay_rule)
     executor.prepare(methods)
     try:
         run_bench(out, config, encoded, methods, args.repeats, executor,
@@ -97,6 +97,8 @@ def bench_config(
         "draft": args.draft if _needs_draft(methods, auto) else None,
         "draft_int8": args.draft_int8,
         "draft_vocab": args.draft_vocab,
+        "pay_rule": {"file": args.pay_rule, "sha256": file_sha256(Path(args.pay_rule))}
+        if args.pay_rule and any(m.pay for m in methods) else None,
         "dtype": resolve_dtype(args.dtype, args.device),
         "device": args.device,
         "methods": [asdict(m) for m in methods],

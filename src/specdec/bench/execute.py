@@ -19,8 +19,10 @@ import torch
 from transformers import GenerationConfig, PreTrainedModel
 from transformers.generation import BaseStreamer
 
+from ..adaptive import PayRule
 from ..draft_head import cheaper_draft
 from ..engine import generate
+from ..errors import SpecdecError
 from ..proposers import DraftModel, Hybrid, PromptLookup, TreeDraft
 from ..sampling import SamplingConfig
 from .memory import PeakMemory
@@ -52,12 +54,13 @@ class Executor:
 
     def __init__(
         self, target: PreTrainedModel, draft: PreTrainedModel | None, settings: RunSettings, memory: PeakMemory,
-        tokenizer=None, auto: Method | None = None,
+        tokenizer=None, auto: Method | None = None, pay_rule: str | None = None,
     ):
         """`tokenizer` (the target's) is needed only by methods with a vocab= option; `auto` is
-        the method the `auto` method stands for here (bench.methods.resolve_auto)."""
+        the method the `auto` method stands for here (bench.methods.resolve_auto); `pay_rule`
+        is the advise report whose cost terms methods with pay=1 use (specdec.adaptive)."""
         self.target, self.draft, self.settings, self.memory = target, draft, settings, memory
-        self.tokenizer, self.auto = tokenizer, auto
+        self.tokenizer, self.auto, self.pay_rule = tokenizer, auto, pay_rule
         # Cheaper copies of the draft by (int8, vocab); plain draft methods keep the original.
         self._variants: dict[tuple[bool, int | None], PreTrainedModel] = {(False, None): draft}
 
@@ -108,7 +111,9 @@ class Executor:
             return PromptLookup(method.k, max_ngram=method.ngram)
         if not method.needs_draft:
             return None
-        draft = DraftModel(self._draft(method.kind == "draft-int8", method.vocab), method.k, (method.conf or 0) / 100)
+        int8 = method.kind == "draft-int8"
+        rule = PayRule.from_advice(self.pay_rule, int8, method.k) if method.pay else None
+        draft = DraftModel(self._draft(int8, method.vocab), method.k, (method.conf or 0) / 100, rule)
         if method.kind == "hybrid":
             return Hybrid(draft, PromptLookup(method.k, max_ngram=method.ngram))
         return TreeDraft(draft, width=method.width) if method.width else draft
@@ -119,6 +124,10 @@ class Executor:
             m = self.auto if m.kind == "auto" else m
             if m.needs_draft and not m.is_hf:
                 self._draft(m.kind == "draft-int8", m.vocab)
+            if m.pay and not self.pay_rule:
+                raise SpecdecError(f"method {m.label} needs --pay-rule FILE (the JSON of `specdec advise --json`)")
+            if m.pay:
+                PayRule.from_advice(self.pay_rule, m.kind == "draft-int8", m.k)
 
     def _draft(self, int8: bool, vocab: int | None) -> PreTrainedModel:
         if (int8, vocab) not in self._variants:

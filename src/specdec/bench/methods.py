@@ -13,12 +13,13 @@ from ..errors import SpecdecError
 # Options each kind accepts; ar and hf-ar guess nothing, so they take none.
 # conf=P: adaptive k, stop after a guess below P% draft confidence; vocab=N: the draft scores
 # only the N most frequent token ids (specdec.draft_head); width=W: tree of the draft's chain
-# plus W-1 alternative leaves per depth (specdec.proposers.tree).
+# plus W-1 alternative leaves per depth (specdec.proposers.tree); pay=1: adaptive k by the cost
+# model, from the cost terms of bench's --pay-rule file (specdec.adaptive).
 OPTIONS = {
     "ar": (),
     "auto": (),  # what `generate --proposer auto` runs here (specdec.auto), resolved at the start
-    "draft": ("k", "conf", "vocab", "width"),
-    "draft-int8": ("k", "conf", "vocab", "width"),  # the draft with int8 linear layers (specdec.quantize)
+    "draft": ("k", "conf", "pay", "vocab", "width"),
+    "draft-int8": ("k", "conf", "pay", "vocab", "width"),  # the draft with int8 linear layers (specdec.quantize)
     "lookup": ("k", "ngram"),
     "hybrid": ("k", "ngram", "vocab"),  # lookup when an n-gram matches, else the draft
     "hf-ar": (),
@@ -38,6 +39,7 @@ class Method:
     conf: int | None = None  # percent
     vocab: int | None = None  # token ids the draft scores; None: all
     width: int | None = None  # tree: 1 + alternatives per depth; None: a chain
+    pay: int | None = None  # 1: stop guessing when the cost model says the next guess won't pay
 
     @property
     def is_hf(self) -> bool:

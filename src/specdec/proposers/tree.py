@@ -7,7 +7,7 @@ import torch
 
 from ..errors import SpecdecError
 from ..lm import CausalLM
-from ..sampling import SamplingConfig, probs
+from ..sampling import SamplingConfig, draw, probs
 from .base import Proposal
 from .draft import DraftModel
 
@@ -75,7 +75,7 @@ class TreeDraft:
                 confidence = float(torch.softmax(logits, -1).max()) if gated else 1.0
             else:
                 qs.append(probs(logits, cfg))
-                token = torch.multinomial(qs[-1], 1, generator=generator)
+                token = draw(qs[-1], generator)
                 confidence = float(qs[-1].max()) if gated else 1.0
             chain.append(token)
             if self.branch_below >= 1.0 or confidence < self.branch_below:
