@@ -45,8 +45,7 @@ def test_wrong_logits_row_is_caught(pair, monkeypatch):
 
 def test_residual_replaced_by_p_is_caught(pair, monkeypatch):
     target, draft = pair
-    monkeypatch.setattr(verify, "_sample_residual",
-                        lambda p_row, q, d, i, g: torch.multinomial(p_row, 1, generator=g))
+    monkeypatch.setattr(verify, "residual", lambda p, q, tokens: p)  # on rejection, draw from p
     assert not check.check_sampling(target, DraftModel(draft, 3), CONTEXT, PLAN).passed
 
 

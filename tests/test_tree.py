@@ -250,11 +250,11 @@ def test_keeping_a_rejected_point_mass_is_caught(pair, monkeypatch):
     """The classic tree bug: after rejecting a deterministic sibling, sampling from r without
     zeroing its token (so it can come out again, too often)."""
     target, draft = pair
-    right = verify_tree._residual
+    right = verify_tree.residual
 
-    def wrong(r, q_row, x):
-        return r if q_row is None else right(r, q_row, x)
+    def wrong(r, q, tokens):
+        return r if q is None else right(r, q, tokens)
 
-    monkeypatch.setattr(verify_tree, "_residual", wrong)
+    monkeypatch.setattr(verify_tree, "residual", wrong)
     ps = pvalues(target, TreeDraft(DraftModel(draft, 3), width=3), CONFIGS["plain"])
     assert min(ps) < CAUGHT, ps

@@ -36,8 +36,10 @@ NOTES = {
     "greedy_equal": "greedy runs only: prompts whose tokens differ from ar's in any repeat",
     "prediction": "costmodel.predicted_speedup fed with this group's measurements: C_T(1) = ar's "
     "verify time per decode round (one target call each); baseline overhead = ar's propose+accept+"
-    "other time per round; C_D = the draft method's propose time per decode draft call (the draft's "
-    "prefill call is excluded), or for lookup its propose time per round / k; C_V(k) = the method's "
+    "other time per round; C_D (shown) = the draft method's propose time per decode draft call (the "
+    "draft's prefill call is excluded), or for lookup its propose time per round / k; the model, "
+    "which charges k*C_D a round, is fed the propose time per round / k, so methods whose rounds "
+    "guess fewer than k (adaptive k, lookup without a match) are charged what they spent; C_V(k) = the method's "
     "verify time per round, measured at its mean block size (mean_block_size, which for lookup is "
     "below k+1); C_R = 0 and C_O = accept+other time per round (trims are timed inside the accept "
     "phase); rates r_i over all rounds, a round proposing fewer than i tokens counting as a "
@@ -223,15 +225,15 @@ def prediction(rows: list[dict], baseline: list[dict], method: dict, speedup: di
     if c_target <= 0:
         return None
     c_verify = _total(rows, "verify") / rounds
+    propose_per_slot = _total(rows, "propose") / (rounds * k)
+    c_draft = propose_per_slot
     if method["kind"] in ("draft", "draft-int8", "hybrid"):
         # begin() runs one draft forward over the prompt per generation, charged to prefill.
         decode_calls = sum(r["draft_calls"] for r in rows) - len(rows)
         c_draft = _total(rows, "propose") / decode_calls if decode_calls > 0 else 0.0
-    else:
-        c_draft = _total(rows, "propose") / (rounds * k)
     costs = Costs(
         c_target=c_target,
-        c_draft=c_draft,
+        c_draft=propose_per_slot,
         c_verify={k: c_verify},
         c_repair=0.0,
         c_overhead=(_total(rows, "accept") + _total(rows, "other")) / rounds,
