@@ -151,7 +151,7 @@ def test_forward_tree_rows_and_compacted_cache(monkeypatch, attention, gqa):
     path = path_to(PARENTS, 7)  # [3, 5, 7]: a path that skips other nodes' positions
     lm.keep_positions(len(prompt), path)
     committed = torch.cat([prompt, nodes[path]])
-    assert lm.length == len(committed) and torch.equal(lm._held, committed)
+    assert lm.length == len(committed) and torch.equal(lm._held[: lm.length], committed)
     following = torch.tensor([5])
     after = lm.forward(following)[-1]
     expected = CausalLM(model).prefill(torch.cat([committed, following]))[-1]
