@@ -63,6 +63,7 @@ class Executor:
         self.tokenizer, self.auto, self.pay_rule = tokenizer, auto, pay_rule
         # Cheaper copies of the draft by (int8, vocab); plain draft methods keep the original.
         self._variants: dict[tuple[bool, int | None], PreTrainedModel] = {(False, None): draft}
+        self._rules: dict[tuple[bool, int], PayRule] = {}  # by (int8, k), read once from pay_rule
 
     def run(self, method: Method, prompt_ids: list[int], repeat: int) -> dict:
         """The measurement fields of one row."""
@@ -112,7 +113,7 @@ class Executor:
         if not method.needs_draft:
             return None
         int8 = method.kind == "draft-int8"
-        rule = PayRule.from_advice(self.pay_rule, int8, method.k) if method.pay else None
+        rule = self._rule(int8, method.k) if method.pay else None
         draft = DraftModel(self._draft(int8, method.vocab), method.k, (method.conf or 0) / 100, rule)
         if method.kind == "hybrid":
             return Hybrid(draft, PromptLookup(method.k, max_ngram=method.ngram))
@@ -124,10 +125,15 @@ class Executor:
             m = self.auto if m.kind == "auto" else m
             if m.needs_draft and not m.is_hf:
                 self._draft(m.kind == "draft-int8", m.vocab)
-            if m.pay and not self.pay_rule:
-                raise SpecdecError(f"method {m.label} needs --pay-rule FILE (the JSON of `specdec advise --json`)")
             if m.pay:
-                PayRule.from_advice(self.pay_rule, m.kind == "draft-int8", m.k)
+                if not self.pay_rule:
+                    raise SpecdecError(f"method {m.label} needs --pay-rule FILE (the JSON of `specdec advise --json`)")
+                self._rule(m.kind == "draft-int8", m.k)
+
+    def _rule(self, int8: bool, k: int) -> PayRule:
+        if (int8, k) not in self._rules:
+            self._rules[int8, k] = PayRule.from_advice(self.pay_rule, int8, k)
+        return self._rules[int8, k]
 
     def _draft(self, int8: bool, vocab: int | None) -> PreTrainedModel:
         if (int8, vocab) not in self._variants:
