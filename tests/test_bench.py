@@ -113,7 +113,8 @@ def test_mt_bench_first_turns():
 
 def test_method_parsing():
     methods = parse_methods("ar, draft:k=4,draft-int8,lookup,lookup:k=8:ngram=2,hf-ar,hf-assisted:k=6,hf-lookup,"
-                            "hybrid:k=3,draft:k=4:conf=60,draft-int8:vocab=100:k=3,draft:width=2:k=3", DEFAULT_K, 3)
+                            "hybrid:k=3,draft:k=4:conf=60,draft-int8:vocab=100:k=3,draft:width=2:k=3,ar:cat=1,"
+                            "lookup:cat=1:k=2", DEFAULT_K, 3)
     assert methods == [
         Method("ar", "ar"),
         Method("draft:k=4", "draft", 4),
@@ -127,6 +128,8 @@ def test_method_parsing():
         Method("draft:k=4:conf=60", "draft", 4, conf=60),
         Method("draft-int8:k=3:vocab=100", "draft-int8", 3, vocab=100),  # canonical option order
         Method("draft:k=3:width=2", "draft", 3, width=2),
+        Method("ar:cat=1", "ar", cat=1),
+        Method("lookup:k=2:ngram=3:cat=1", "lookup", 2, 3, cat=1),
     ]
     assert parse_methods("auto", DEFAULT_K, 3) == [Method("auto", "auto")]
 
@@ -136,7 +139,8 @@ def test_method_parsing():
     ("draft:k=0", "k in method 'draft:k=0' must be >= 1"),
     ("draft:k=two", "must be a whole number"),
     ("draft:ngram=2", "bad option 'ngram=2' in method 'draft:ngram=2'; draft takes k=N"),
-    ("ar:k=2", "ar takes no options"),
+    ("ar:k=2", "bad option 'k=2' in method 'ar:k=2'; ar takes cat=N"),
+    ("hf-ar:cat=1", "hf-ar takes no options"),
     ("draft:k=3:conf=100", "percentage below 100"),
     ("lookup:vocab=100", "lookup takes k=N, ngram=N"),
     ("lookup:k=3,lookup:k=3:ngram=3", "lists lookup:k=3:ngram=3 twice"),
@@ -303,7 +307,8 @@ def dataset(tmp_path_factory) -> Path:
     ])
 
 
-ALL_METHODS = "ar,draft:k=3,lookup:k=2,hf-ar,hf-assisted:k=2,hf-lookup:k=2,draft-int8:k=2,hybrid:k=2,draft:k=2:vocab=20,draft:k=2:width=2"
+ALL_METHODS = ("ar,draft:k=3,lookup:k=2,hf-ar,hf-assisted:k=2,hf-lookup:k=2,draft-int8:k=2,hybrid:k=2,draft:k=2:vocab=20,"
+               "draft:k=2:width=2,ar:cat=1,draft:k=3:cat=1")
 
 
 def bench_args(tiny_pair, dataset, out, *extra) -> list[str]:
@@ -317,9 +322,10 @@ def test_full_bench_on_tiny_models(tiny_pair, dataset, tmp_path, monkeypatch):
     assert main(bench_args(tiny_pair, dataset, out)) == 0
     rows = read_rows(out)
     labels = ["ar", "draft:k=3", "lookup:k=2:ngram=3", "hf-ar", "hf-assisted:k=2", "hf-lookup:k=2:ngram=3",
-              "draft-int8:k=2", "hybrid:k=2:ngram=3", "draft:k=2:vocab=20", "draft:k=2:width=2"]
-    assert [r["method"] for r in rows[:10]] == labels  # interleaved per prompt
-    assert len(rows) == 4 * 10
+              "draft-int8:k=2", "hybrid:k=2:ngram=3", "draft:k=2:vocab=20", "draft:k=2:width=2", "ar:cat=1",
+              "draft:k=3:cat=1"]
+    assert [r["method"] for r in rows[:12]] == labels  # interleaved per prompt
+    assert len(rows) == 4 * 12
     for r in rows:
         assert r["n_new"] == len(r["new_tokens"]) and r["prefill_s"] > 0 and r["peak_memory_bytes"] > 0
         assert r["finish_reason"] == ("eos" if r["new_tokens"][-1] == EOS else "length")
@@ -354,13 +360,32 @@ def test_full_bench_on_tiny_models(tiny_pair, dataset, tmp_path, monkeypatch):
     calls = []
     monkeypatch.setattr(execute.Executor, "_generate", lambda *a: calls.append(a))
     assert main([*bench_args(tiny_pair, dataset, out), "--resume"]) == 0
-    assert calls == [] and len(read_rows(out)) == 4 * 10
+    assert calls == [] and len(read_rows(out)) == 4 * 12
 
     # The report command rebuilds summary and report from the rows alone.
     (out / "summary.json").unlink()
     (out / "report.md").unlink()
     assert main(["report", str(out)]) == 0
     assert json.loads((out / "summary.json").read_text())["overall"] == summary["overall"]
+
+
+def test_cat_option_runs_both_models_on_the_concatenating_cache(tiny_pair, dataset, tmp_path, monkeypatch):
+    import specdec.bench.execute as execute
+
+    layouts = []
+
+    class Recording(execute.CausalLM):
+        def __init__(self, model, preallocate=True):
+            super().__init__(model, preallocate)
+            layouts.append(preallocate)
+
+    monkeypatch.setattr(execute, "CausalLM", Recording)
+    out = tmp_path / "run"
+    assert main([*bench_args(tiny_pair, dataset, out), "--methods", "draft:k=2:cat=1", "--limit", "1"]) == 0
+    assert layouts and not any(layouts)  # target and draft, warm-up and run
+    layouts.clear()
+    assert main([*bench_args(tiny_pair, dataset, tmp_path / "b"), "--methods", "draft:k=2", "--limit", "1"]) == 0
+    assert layouts and all(layouts)
 
 
 def test_cli_refusals_are_one_line_exit_2(tiny_pair, dataset, tmp_path, capsys):

@@ -71,3 +71,75 @@ def test_random_append_trim_matches_a_plain_list(target, ops):
         assert set(lm.cache.layer_lengths()) <= {len(tokens)}
     if last is not None:
         torch.testing.assert_close(last, fresh_logits(target, tokens)[-1], rtol=1e-4, atol=1e-4)
+
+
+# --- the preallocated layout (cache.PreallocatedLayer) against transformers' DynamicLayer ----
+
+@settings(max_examples=30, deadline=None)
+@given(ops=st.lists(st.one_of(
+    st.tuples(st.just("append"), st.lists(st.integers(0, 63), min_size=1, max_size=6)),
+    st.tuples(st.just("trim"), st.integers(0, 30)),
+), min_size=1, max_size=14), headroom=st.sampled_from([1, 4, 256]))
+def test_preallocated_layout_gives_bitwise_the_dynamic_logits(target, ops, headroom):
+    """Same numbers, not merely close: attention reads views of the same values. A small
+    headroom makes the buffers grow (and copy) often."""
+    from specdec.cache import PreallocatedLayer
+
+    PreallocatedLayer.HEADROOM, saved = headroom, PreallocatedLayer.HEADROOM
+    try:
+        layouts = [CausalLM(target, preallocate=True), CausalLM(target, preallocate=False)]
+        for op, arg in ops:
+            if op == "append":
+                rows = [lm.forward(torch.tensor(arg)) for lm in layouts]
+                assert torch.equal(rows[0], rows[1])
+            else:
+                for lm in layouts:
+                    lm.cache.trim(min(arg, lm.length))
+            assert layouts[0].length == layouts[1].length
+            assert set(layouts[0].cache.layer_lengths()) <= {layouts[1].length}
+    finally:
+        PreallocatedLayer.HEADROOM = saved
+
+
+def test_preallocated_layers_are_preallocated_and_written_in_place(target):
+    """After a prefill, appends and trims within the reserved room reuse one buffer per layer:
+    no copy of the cache per forward (what the layout is for)."""
+    from specdec.cache import PreallocatedLayer
+
+    lm = CausalLM(target)
+    assert all(type(layer) is PreallocatedLayer for layer in lm.cache.hf_cache.layers)
+    lm.prefill(torch.arange(10))
+    storages = [layer.keys.untyped_storage().data_ptr() for layer in lm.cache.hf_cache.layers]
+    for _ in range(20):
+        lm.forward(torch.tensor([1, 2, 3]))
+        lm.cache.trim(lm.length - 2)
+    assert lm.length == 10 + 20
+    assert [layer.keys.untyped_storage().data_ptr() for layer in lm.cache.hf_cache.layers] == storages
+    assert all(layer.capacity == 10 + PreallocatedLayer.HEADROOM for layer in lm.cache.hf_cache.layers)
+
+
+def test_dynamic_layout_is_still_transformers_own(target):
+    from transformers.cache_utils import DynamicLayer
+
+    lm = CausalLM(target, preallocate=False)
+    assert all(type(layer) is DynamicLayer for layer in lm.cache.hf_cache.layers)
+
+
+def test_long_prompts_are_prefilled_in_blocks(target, monkeypatch):
+    """A prompt over PREFILL_CHUNK tokens goes in blocks of that size; the cache then holds the
+    whole prompt and the last row matches a one-block prefill (up to float rounding)."""
+    import specdec.lm
+
+    prompt = torch.arange(11) % 64
+    whole = CausalLM(target).prefill(prompt)
+    monkeypatch.setattr(specdec.lm, "PREFILL_CHUNK", 4)
+    lm = CausalLM(target)
+    last = lm.prefill(prompt)
+    assert lm.calls == 3 and lm.length == 11
+    assert torch.equal(lm._held[: lm.length], prompt)
+    torch.testing.assert_close(last, whole, rtol=1e-5, atol=1e-5)
+    # reuse: the kept prefix plus the rest, in blocks again
+    longer = torch.cat([prompt, torch.arange(9)])
+    last = lm.prefill(longer, reuse=True)
+    assert lm.calls == 3 and lm.length == 20  # 11 kept, then 4 + 4 + 1
+    torch.testing.assert_close(last, CausalLM(target).prefill(longer), rtol=1e-5, atol=1e-5)

@@ -70,6 +70,24 @@ def test_speculative_greedy_equals_plain(seeded, k):
         assert out.stats.target_calls == out.stats.rounds + 1  # one forward per round + prefill
 
 
+def test_prompt_in_blocks_and_either_cache_layout_give_the_same_tokens(seeded, monkeypatch):
+    """Both the prefill's chunking (specdec.lm.PREFILL_CHUNK) and the cache layout are plumbing:
+    the tokens stay the target's own."""
+    import specdec.lm
+    from specdec.lm import CausalLM
+
+    target, draft, prompt, plain = seeded
+    monkeypatch.setattr(specdec.lm, "PREFILL_CHUNK", 4)
+    blocks = -(-len(prompt) // 4)
+    for name, drafter in drafters(draft, target, 3).items():
+        out = generate(target, prompt, drafter=drafter, max_new_tokens=40, eos_token_id=[], check=True)
+        assert out.new_tokens == plain, name
+        assert out.stats.target_calls == out.stats.rounds + blocks
+    dynamic = generate(CausalLM(target, preallocate=False), prompt, max_new_tokens=40, eos_token_id=[],
+                       drafter=DraftModel(CausalLM(draft, preallocate=False), 3), check=True)
+    assert dynamic.new_tokens == plain
+
+
 def test_draft_actually_speculates(seeded):
     target, draft, prompt, _ = seeded
     out = generate(target, prompt, drafter=DraftModel(draft, 4), max_new_tokens=40, eos_token_id=[])

@@ -129,15 +129,16 @@ def path_to(parents: list[int], node: int) -> list[int]:
     return path[::-1]
 
 
-@pytest.mark.parametrize("attention,gqa", [("sdpa", "1"), ("sdpa", "0"), ("eager", "1")])
-def test_forward_tree_rows_and_compacted_cache(monkeypatch, attention, gqa):
+@pytest.mark.parametrize("attention,gqa,preallocate",
+                         [("sdpa", "1", True), ("sdpa", "0", True), ("eager", "1", True), ("sdpa", "1", False)])
+def test_forward_tree_rows_and_compacted_cache(monkeypatch, attention, gqa, preallocate):
     monkeypatch.setenv("TRANSFORMERS_SDPA_FORCE_GQA", gqa)
     model = tiny_model(7)
     model.set_attn_implementation(attention)
     gen = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, 64, (9,), generator=gen)
     nodes = torch.randint(0, 64, (len(PARENTS),), generator=gen)
-    lm = CausalLM(model)
+    lm = CausalLM(model, preallocate=preallocate)
     lm.prefill(prompt[:-1])
     rows = lm.forward_tree(torch.cat([prompt[-1:], nodes]), torch.tensor(PARENTS))
     assert rows.shape == (len(PARENTS) + 1, 64)

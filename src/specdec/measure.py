@@ -95,14 +95,15 @@ def kv_bytes(model: PreTrainedModel, context: int) -> int:
     return kv_cache_bytes_for_config(model.config, context, model.dtype.itemsize)
 
 
-def measured_kv_bytes(lm: CausalLM) -> int:
-    """Bytes the cache's tensors actually hold (checks the formula)."""
+def measured_kv_bytes(lm: CausalLM, allocated: bool = False) -> int:
+    """Bytes of the cache's keys and values at its positions (checks the formula), or with
+    `allocated` the whole storage behind them, a preallocated layer's unused room included."""
     total = 0
     for layer in lm.cache.hf_cache.layers:
         for name in ("keys", "values"):
             tensor = getattr(layer, name, None)
             if isinstance(tensor, torch.Tensor):
-                total += tensor.numel() * tensor.element_size()
+                total += tensor.untyped_storage().nbytes() if allocated else tensor.numel() * tensor.element_size()
     return total
 
 

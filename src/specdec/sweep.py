@@ -64,7 +64,8 @@ def sweep_context(target, draft, tokenizer, n: int, settings: SweepSettings,
         start = time.perf_counter()
         lm.prefill(ids)
         prefill[name] = time.perf_counter() - start
-    kv = {name: {"formula": kv_bytes(lm.model, n), "measured": measured_kv_bytes(lm)} for name, lm in lms.items()}
+    kv = {name: {"formula": kv_bytes(lm.model, n), "measured": measured_kv_bytes(lm),
+                 "allocated": measured_kv_bytes(lm, allocated=True)} for name, lm in lms.items()}
     progress(f"{n}: timing C_T, C_V(k), C_D")
     ks = sorted({*settings.ks, *(parse_method(m)[1] for m in settings.methods)})  # every method's k is timed
     t_costs = measure_model(lms["target"], ids, [k + 1 for k in ks], settings.timing_repeats)

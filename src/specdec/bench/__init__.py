@@ -8,11 +8,12 @@ import argparse
 from ..cli import add_models_args, add_sampling_args
 
 METHODS_HELP = (
-    "comma list of methods, options after colons: ar, auto, draft:k=K[:conf=P][:pay=1][:vocab=N][:width=W], "
+    "comma list of methods, options after colons: ar[:cat=1], auto, draft:k=K[:conf=P][:pay=1][:vocab=N][:width=W], "
     "draft-int8 (same options), "
     "lookup:k=K:ngram=N, "
     "hybrid:k=K:ngram=N, hf-ar, "
-    "hf-assisted:k=K, hf-lookup:k=K:ngram=N (k defaults to 3, ngram to --max-ngram)"
+    "hf-assisted:k=K, hf-lookup:k=K:ngram=N (k defaults to 3, ngram to --max-ngram); "
+    "cat=1 on any specdec method: transformers' concatenating KV cache instead of the preallocated one"
 )
 
 

@@ -23,6 +23,7 @@ from ..adaptive import PayRule
 from ..draft_head import cheaper_draft
 from ..engine import generate
 from ..errors import SpecdecError
+from ..lm import CausalLM
 from ..proposers import DraftModel, Hybrid, PromptLookup, TreeDraft
 from ..sampling import SamplingConfig
 from .memory import PeakMemory
@@ -83,8 +84,9 @@ class Executor:
 
     def _run_specdec(self, method: Method, prompt_ids: list[int], seed: int | None, max_new_tokens: int) -> dict:
         s = self.settings.sampling
+        target = CausalLM(self.target, preallocate=not self._resolved(method).cat)
         result = generate(
-            self.target, prompt_ids, drafter=self._proposer(method), max_new_tokens=max_new_tokens,
+            target, prompt_ids, drafter=self._proposer(method), max_new_tokens=max_new_tokens,
             temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, seed=seed,
             eos_token_id=list(self.settings.eos_token_ids),
         )
@@ -105,24 +107,26 @@ class Executor:
             "draft_calls": st.draft_calls,
         }
 
+    def _resolved(self, method: Method) -> Method:
+        return self.auto if method.kind == "auto" else method
+
     def _proposer(self, method: Method) -> DraftModel | PromptLookup | Hybrid | TreeDraft | None:
-        if method.kind == "auto":
-            return self._proposer(self.auto)
+        method = self._resolved(method)
         if method.kind == "lookup":
             return PromptLookup(method.k, max_ngram=method.ngram)
         if not method.needs_draft:
             return None
         int8 = method.kind == "draft-int8"
         rule = self._rule(int8, method.k) if method.pay else None
-        draft = DraftModel(self._draft(int8, method.vocab), method.k, (method.conf or 0) / 100, rule)
+        draft_lm = CausalLM(self._draft(int8, method.vocab), preallocate=not method.cat)
+        draft = DraftModel(draft_lm, method.k, (method.conf or 0) / 100, rule)
         if method.kind == "hybrid":
             return Hybrid(draft, PromptLookup(method.k, max_ngram=method.ngram))
         return TreeDraft(draft, width=method.width) if method.width else draft
 
     def prepare(self, methods: list[Method]) -> None:
         """Build the draft variants the methods need now, so a bad option fails before any run."""
-        for m in methods:
-            m = self.auto if m.kind == "auto" else m
+        for m in map(self._resolved, methods):
             if m.needs_draft and not m.is_hf:
                 self._draft(m.kind == "draft-int8", m.vocab)
             if m.pay:

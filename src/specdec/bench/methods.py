@@ -1,4 +1,4 @@
-"""The `--methods` list: `ar,auto,draft:k=4,draft-int8:k=4:vocab=32768,draft:k=3:width=2,lookup:k=8:ngram=3,hybrid:k=3,hf-ar,hf-assisted:k=6,hf-lookup:k=10`.
+"""The `--methods` list: `ar,ar:cat=1,auto,draft:k=4,draft-int8:k=4:vocab=32768,draft:k=3:width=2,lookup:k=8:ngram=3,hybrid:k=3,hf-ar,hf-assisted:k=6,hf-lookup:k=10`.
 
 Methods are separated by commas and a method's options by colons, so the list needs no quoting.
 """
@@ -14,14 +14,16 @@ from ..errors import SpecdecError
 # conf=P: adaptive k, stop after a guess below P% draft confidence; vocab=N: the draft scores
 # only the N most frequent token ids (specdec.draft_head); width=W: tree of the draft's chain
 # plus W-1 alternative leaves per depth (specdec.proposers.tree); pay=1: adaptive k by the cost
-# model, from the cost terms of bench's --pay-rule file (specdec.adaptive).
+# model, from the cost terms of bench's --pay-rule file (specdec.adaptive); cat=1: KV caches
+# grown by concatenation (transformers' DynamicCache) instead of preallocated buffers, to
+# measure what the preallocated layout (specdec.cache.PreallocatedLayer) gives.
 OPTIONS = {
-    "ar": (),
+    "ar": ("cat",),
     "auto": (),  # what `generate --proposer auto` runs here (specdec.auto), resolved at the start
-    "draft": ("k", "conf", "pay", "vocab", "width"),
-    "draft-int8": ("k", "conf", "pay", "vocab", "width"),  # the draft with int8 linear layers (specdec.quantize)
-    "lookup": ("k", "ngram"),
-    "hybrid": ("k", "ngram", "vocab"),  # lookup when an n-gram matches, else the draft
+    "draft": ("k", "conf", "pay", "vocab", "width", "cat"),
+    "draft-int8": ("k", "conf", "pay", "vocab", "width", "cat"),  # the draft with int8 linear layers (specdec.quantize)
+    "lookup": ("k", "ngram", "cat"),
+    "hybrid": ("k", "ngram", "vocab", "cat"),  # lookup when an n-gram matches, else the draft
     "hf-ar": (),
     "hf-assisted": ("k",),
     "hf-lookup": ("k", "ngram"),
@@ -40,6 +42,7 @@ class Method:
     vocab: int | None = None  # token ids the draft scores; None: all
     width: int | None = None  # tree: 1 + alternatives per depth; None: a chain
     pay: int | None = None  # 1: stop guessing when the cost model says the next guess won't pay
+    cat: int | None = None  # 1: transformers' concatenating KV cache instead of the preallocated one
 
     @property
     def is_hf(self) -> bool:
@@ -67,7 +70,7 @@ def parse_method(text: str, default_k: Mapping[str, int], default_ngram: int) ->
     values = dict(_option(text, kind, option) for option in options)
     if not OPTIONS[kind]:
         return Method(kind, kind)
-    if "k" not in values:
+    if "k" in OPTIONS[kind] and "k" not in values:
         values["k"] = default_k[_MIRRORS.get(kind, kind)]
     if "ngram" in OPTIONS[kind]:
         values.setdefault("ngram", default_ngram)
