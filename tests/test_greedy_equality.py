@@ -31,7 +31,9 @@ def seeded(request):
     return case(request.param)
 
 
-_VARIANTS: dict[tuple[int, str], torch.nn.Module] = {}
+# Keyed by the model itself (hashed by identity), which keeps it alive: keyed by id(), a freed
+# model of an earlier seed could pass its id, and its int8 copy, to a later seed's model.
+_VARIANTS: dict[tuple[torch.nn.Module, str], torch.nn.Module] = {}
 # Every third token id: the restricted draft cannot guess the others, so rounds where the
 # target wants one of them reject (and take the target's token) instead of matching.
 HEAD = torch.arange(0, 64, 3)
@@ -39,12 +41,12 @@ HEAD = torch.arange(0, 64, 3)
 
 def variant(model, kind: str):
     """A cheaper copy of `model` ("int8", "head" restricted to HEAD, or "head+int8"), made once."""
-    if (id(model), kind) not in _VARIANTS:
+    if (model, kind) not in _VARIANTS:
         copied = copy.deepcopy(model)
         if "head" in kind:
             restrict_head(copied, HEAD)
-        _VARIANTS[id(model), kind] = int8_draft(copied) if "int8" in kind else copied
-    return _VARIANTS[id(model), kind]
+        _VARIANTS[model, kind] = int8_draft(copied) if "int8" in kind else copied
+    return _VARIANTS[model, kind]
 
 
 def drafters(draft, target, k):
