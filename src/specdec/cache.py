@@ -159,7 +159,7 @@ class KVCache:
                 continue
             index = torch.tensor(offsets, dtype=torch.long, device=layer.keys.device) + start
             if isinstance(layer, PreallocatedLayer):
-                layer.keep(start, index)
-                continue
-            layer.keys = torch.cat([layer.keys[:, :, :start], layer.keys.index_select(2, index)], dim=2)
-            layer.values = torch.cat([layer.values[:, :, :start], layer.values.index_select(2, index)], dim=2)
+                layer.keep(start, index)  # in place
+            else:
+                layer.keys = torch.cat([layer.keys[:, :, :start], layer.keys.index_select(2, index)], dim=2)
+                layer.values = torch.cat([layer.values[:, :, :start], layer.values.index_select(2, index)], dim=2)

@@ -214,6 +214,13 @@ def greedy_equality(rows: list[dict], baseline: list[dict]) -> dict:
     }
 
 
+def _draft_call_time(rows: list[dict]) -> float:
+    """Propose time per decode draft call; begin() runs one draft forward over the prompt per
+    generation, charged to prefill, so it is not counted."""
+    decode_calls = sum(r["draft_calls"] for r in rows) - len(rows)
+    return _total(rows, "propose") / decode_calls if decode_calls > 0 else 0.0
+
+
 def prediction(rows: list[dict], baseline: list[dict], method: dict, speedup: dict) -> dict | None:
     """The cost model's speedup from this group's measured costs (see NOTES["prediction"])."""
     base_rounds = sum(r["rounds"] for r in baseline)
@@ -225,12 +232,10 @@ def prediction(rows: list[dict], baseline: list[dict], method: dict, speedup: di
     if c_target <= 0:
         return None
     c_verify = _total(rows, "verify") / rounds
+    # The model charges k * C_D a round; fed the propose time per round / k, it charges what the
+    # rounds spent, also where they guess fewer than k. The C_D shown is per draft call.
     propose_per_slot = _total(rows, "propose") / (rounds * k)
-    c_draft = propose_per_slot
-    if method["kind"] in ("draft", "draft-int8", "hybrid"):
-        # begin() runs one draft forward over the prompt per generation, charged to prefill.
-        decode_calls = sum(r["draft_calls"] for r in rows) - len(rows)
-        c_draft = _total(rows, "propose") / decode_calls if decode_calls > 0 else 0.0
+    c_draft = _draft_call_time(rows) if method["kind"] in ("draft", "draft-int8", "hybrid") else propose_per_slot
     costs = Costs(
         c_target=c_target,
         c_draft=propose_per_slot,
