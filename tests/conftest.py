@@ -35,6 +35,9 @@ def tiny_model(seed: int, vocab: int = 64, layers: int = 2, init: float = 0.2) -
 
 def perturbed(model: Qwen2ForCausalLM, seed: int, scale: float) -> Qwen2ForCausalLM:
     """A draft that agrees with `model` often but not always: its weights plus noise."""
+    from specdec.forward import is_prepared
+
+    assert not is_prepared(model), "perturb a model before specdec runs it (its linear weights are repacked then)"
     draft = copy.deepcopy(model)
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
@@ -71,8 +74,9 @@ def tiny_registry(monkeypatch, target):
     carry a word-level tokenizer; folder loading itself is tested in test_models.py."""
     from specdec import models
 
-    other = tiny_model(5, vocab=32)
-    served = {"tiny": (target, word_tokenizer(64)), "other": (other, word_tokenizer(32, "x"))}
+    # Fresh models (the session's target has the same weights, but may have been repacked by a
+    # run already, and a repacked model cannot be made an int8 or restricted-head draft).
+    served = {"tiny": (tiny_model(1), word_tokenizer(64)), "other": (tiny_model(5, vocab=32), word_tokenizer(32, "x"))}
 
     def fake_load(name, dtype="auto", device="cpu", trust_remote_code=False):
         if name not in served:

@@ -159,6 +159,7 @@ def test_auto_is_the_default_and_uses_the_cpu_default_without_advice(capsys, tin
 def test_auto_follows_saved_advice(capsys, tiny_registry, tmp_path):
     from specdec.auto import Setup, advice_path, save_advice
     from specdec.cli import build_parser
+    from specdec.models import resolve_dtype
 
     setup = Setup.from_args(build_parser().parse_args(auto_args()))
     report = {"choice": {"proposer": "none", "k": 0, "predicted_speedup": 1.0}, "settings": {"context": 512}}
@@ -169,8 +170,12 @@ def test_auto_follows_saved_advice(capsys, tiny_registry, tmp_path):
     save_advice(setup, report | {"choice": {"proposer": "lookup", "k": 3, "predicted_speedup": 1.3}})
     code, out, err = run(capsys, *auto_args("-k", "4"))  # an explicit -k wins
     assert code == 0 and "auto: lookup k=4 (advised" in err and "predicted 1.30x" in err
-    # another machine, dtype or model pair has its own advice
-    assert advice_path(setup) != advice_path(Setup.from_args(build_parser().parse_args(auto_args("--dtype", "bfloat16"))))
+    # another machine, dtype or model pair has its own advice; `auto` is whichever dtype this
+    # CPU computes natively, so compare with the other one
+    other = "float32" if resolve_dtype("auto") == "bfloat16" else "bfloat16"
+    assert advice_path(setup) != advice_path(Setup.from_args(build_parser().parse_args(auto_args("--dtype", other))))
+    assert advice_path(setup) == advice_path(
+        Setup.from_args(build_parser().parse_args(auto_args("--dtype", resolve_dtype("auto")))))
     advice_path(setup).write_text("{not json")
     code, _, err = run(capsys, *auto_args())
     assert code == 2 and "delete it or run `specdec advise` again" in err

@@ -18,6 +18,11 @@ SEEDS = range(4)
 def case(seed: int):
     target = tiny_model(100 + seed)
     draft = perturbed(target, seed=seed, scale=0.4)
+    # Copies are made before the first generation: specdec repacks a model's weights when it
+    # first runs it, and a repacked model can no longer be quantized or cut.
+    for model, kinds in ((draft, ("int8", "head")), (target, ("head", "head+int8"))):
+        for kind in kinds:
+            variant(model, kind)
     # A prompt with repeats, so prompt lookup finds n-grams to propose.
     gen = torch.Generator().manual_seed(seed)
     base = torch.randint(0, 64, (6,), generator=gen)

@@ -257,3 +257,21 @@ def test_qwen_pair_shares_vocab_and_smollm2_does_not(monkeypatch):
     small, small_tok = load_model("smollm2-135m-instruct")
     with pytest.raises(SpecdecError, match="--proposer lookup"):
         check_same_vocab(target_tok, small_tok, target, small)
+
+
+@pytest.mark.parametrize("flags,capability,expected", [
+    ({"avx2", "avx512f", "avx512_bf16"}, "AVX512", "bfloat16"),  # native bf16 by /proc/cpuinfo
+    ({"avx2", "amx_bf16"}, "AVX512", "bfloat16"),
+    (set(), "AVX512_BF16", "bfloat16"),  # or by torch's own reading of the CPU
+    ({"avx2", "avx512f"}, "AVX512", "float32"),  # AVX-512 without BF16: emulated, so float32
+    ({"avx2", "fma"}, "AVX2", "float32"),
+])
+def test_auto_dtype_follows_native_bf16_on_either_kind_of_cpu(monkeypatch, flags, capability, expected):
+    """Both kinds of machine, wherever the suite runs: the CPU flags are faked."""
+    from specdec import models
+
+    monkeypatch.setattr(models, "_cpu_flags", lambda: flags)
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
+    assert models.resolve_dtype("auto") == expected
+    assert models.resolve_dtype("auto", "cuda:0") == "bfloat16"
+    assert models.resolve_dtype("float16") == "float16"  # an explicit dtype is never changed

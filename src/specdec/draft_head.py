@@ -15,6 +15,7 @@ import torch
 from transformers import PreTrainedModel
 
 from .errors import SpecdecError
+from .forward import is_prepared
 
 # The attribute under which a restricted model carries the token id of each output row.
 HEAD_IDS = "specdec_head_ids"
@@ -23,6 +24,10 @@ HEAD_IDS = "specdec_head_ids"
 def restrict_head(model: PreTrainedModel, keep: torch.Tensor) -> PreTrainedModel:
     """Replace `model`'s output layer, in place, by one with only the rows of the token ids in
     `keep`; returns the model, which then carries those ids (sorted) as `HEAD_IDS`."""
+    from .quantize import PREPARED_FIX
+
+    if is_prepared(model):
+        raise SpecdecError(f"this model {PREPARED_FIX}")
     head = model.get_output_embeddings()
     if getattr(model, HEAD_IDS, None) is not None:
         raise SpecdecError("this draft's head is already restricted")

@@ -10,6 +10,7 @@ from transformers import PreTrainedModel
 
 from .cache import KVCache, PreallocatedLayer, cache_keyword
 from .errors import SpecdecError
+from .forward import attention, block_invariant, prepare
 
 
 # transformers' SDPA path expands grouped K/V heads to all query heads (a copy of the whole KV
@@ -31,11 +32,24 @@ PREFILL_CHUNK = 1024
 class CausalLM:
     """A causal LM together with one KV cache holding a prefix of the sequence."""
 
-    def __init__(self, model: PreTrainedModel, preallocate: bool = True):
+    def __init__(self, model: PreTrainedModel, preallocate: bool = True, invariant: bool = True):
         """`preallocate`: the KV cache in buffers written in place (cache.PreallocatedLayer);
-        False: transformers' DynamicCache, which concatenates on every forward."""
+        False: transformers' DynamicCache, which concatenates on every forward.
+
+        The model is repacked in place for specdec's forward (specdec.forward.prepare), once.
+        `invariant` (a target): every decode and verify forward computes each row as it would be
+        computed alone, so speculative output is bit for bit the plain one; logits in float32.
+        A draft only proposes: False keeps its logits in the model's dtype and its attention
+        batched."""
         prefer_gqa_attention(model)
-        self.model = model
+        self.model = prepare(model, float32_logits=invariant)
+        if invariant and not block_invariant(model):
+            raise SpecdecError(
+                f"this machine's {model.dtype} linear kernels round a row differently by block size (or "
+                "the model has linear layers specdec does not pack): speculative output could differ "
+                "from plain decoding; try --dtype float32"
+            )
+        self.invariant = invariant
         self.device = model.device
         self.vocab_size = logit_width(model)
         self._cache_kw = cache_keyword(model)
@@ -90,9 +104,9 @@ class CausalLM:
         self.cache.reserve(prompt.numel() + PreallocatedLayer.HEADROOM)
         rest = prompt[self.length :]
         while rest.numel() > PREFILL_CHUNK:
-            self.forward(rest[:PREFILL_CHUNK], last_only=True)
+            self._run(rest[:PREFILL_CHUNK], self._positions(PREFILL_CHUNK), None, True, None)
             rest = rest[PREFILL_CHUNK:]
-        return self.forward(rest, last_only=True)
+        return self._run(rest, self._positions(rest.numel()), None, True, None)
 
     def keep_prefix_of(self, tokens: torch.Tensor) -> None:
         """Trim the cache to the longest prefix of its positions that holds `tokens`' start."""
@@ -101,10 +115,14 @@ class CausalLM:
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, last_only: bool = False) -> torch.Tensor:
         """Append `tokens` (1-D) at the cache's next positions; return float32 logits rows
-        [len(tokens), vocab], or only the last row's [1, vocab] when `last_only`."""
+        [len(tokens), vocab], or only the last row's [1, vocab] when `last_only`. An invariant
+        model computes every row as if it were decoded alone."""
+        plan = attention.RowKeys(self.cache.length) if self.invariant else None
+        return self._run(tokens, self._positions(tokens.numel()), None, last_only, plan)
+
+    def _positions(self, count: int) -> torch.Tensor:
         start = self.cache.length
-        positions = torch.arange(start, start + tokens.numel(), device=self.device)
-        return self._run(tokens, positions, None, last_only)
+        return torch.arange(start, start + count, device=self.device)
 
     @torch.inference_mode()
     def forward_tree(self, tokens: torch.Tensor, parents: torch.Tensor) -> torch.Tensor:
@@ -114,9 +132,6 @@ class CausalLM:
         position cache length + depth, so row 1+i equals the last row of a plain forward of
         the root-to-node-i path. All n+1 positions are appended to the cache; keep_positions
         then keeps the accepted path. Returns float32 logits rows [n+1, vocab]."""
-        attention = self.model.config._attn_implementation
-        if attention not in ("sdpa", "eager"):
-            raise SpecdecError(f"tree verification needs sdpa or eager attention, not {attention}")
         start = self.cache.length
         depth, sees = tree_layout(parents.tolist())
         visible = torch.ones(len(depth), start + len(depth), dtype=torch.bool, device=self.device)
@@ -127,7 +142,11 @@ class CausalLM:
         mask = torch.zeros(visible.shape, dtype=dtype, device=self.device)
         mask.masked_fill_(~visible, torch.finfo(dtype).min)
         positions = start + torch.tensor(depth, device=self.device)
-        return self._run(tokens, positions, mask[None, None], False)
+        plan = None
+        if self.invariant:  # each row sees the cache and its own path, as in plain decoding
+            seen = tuple(start + row.nonzero().flatten().to(self.device) for row in sees)
+            plan = attention.RowKeys(start, seen)
+        return self._run(tokens, positions, mask[None, None], False, plan)
 
     def keep_positions(self, start: int, offsets: list[int]) -> None:
         """KVCache.keep_positions, keeping the token ids behind the positions in step."""
@@ -135,18 +154,22 @@ class CausalLM:
         index = torch.tensor(offsets, dtype=torch.long, device=self.device) + start
         self._hold(start, self._held[index])
 
+    @torch.inference_mode()
     def _run(
-        self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None, last_only: bool
+        self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None, last_only: bool,
+        plan: attention.RowKeys | None,
     ) -> torch.Tensor:
+        """One model forward; `plan` None: batched attention (prefill, drafts), else row by row."""
         start = self.cache.length
-        out = self.model(
-            input_ids=tokens.view(1, -1),
-            position_ids=positions.view(1, -1),
-            attention_mask=mask,
-            use_cache=True,
-            logits_to_keep=1 if last_only else 0,
-            **{self._cache_kw: self.cache.hf_cache},
-        )
+        with attention.rows(plan):
+            out = self.model(
+                input_ids=tokens.view(1, -1),
+                position_ids=positions.view(1, -1),
+                attention_mask=mask,
+                use_cache=True,
+                logits_to_keep=1 if last_only else 0,
+                **{self._cache_kw: self.cache.hf_cache},
+            )
         self.calls += 1
         self._hold(start, tokens)
         logits = out.logits[0].float()

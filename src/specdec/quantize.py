@@ -10,11 +10,17 @@ import torch
 from transformers import PreTrainedModel
 
 from .errors import SpecdecError
+from .forward import is_prepared
+
+PREPARED_FIX = ("was already run by specdec, which repacked its weights for its forward: make int8 or "
+                "restricted-head copies of a draft before the first generation")
 
 
 def int8_draft(model: PreTrainedModel) -> PreTrainedModel:
     """Quantize `model`'s nn.Linear layers (the LM head included) to int8, in place; returns it.
     The embedding stays in float: a step reads one of its rows."""
+    if is_prepared(model):
+        raise SpecdecError(f"this model {PREPARED_FIX}")
     if model.device.type != "cpu":
         raise SpecdecError("int8 drafts use PyTorch's CPU int8 kernels: drop --draft-int8 on other devices")
     model.float()  # dynamic int8 kernels take float32 activations

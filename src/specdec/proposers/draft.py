@@ -39,7 +39,7 @@ class DraftModel:
         if not 0.0 <= min_confidence < 1.0:
             raise SpecdecError(f"min_confidence must lie in [0, 1), got {min_confidence}")
         self.k, self.min_confidence, self.pay_rule = k, min_confidence, pay_rule
-        self.lm = model if isinstance(model, CausalLM) else CausalLM(model)
+        self.lm = model if isinstance(model, CausalLM) else CausalLM(model, invariant=False)
         # A head restricted to some token ids (specdec.draft_head) scores only those; their
         # logits are spread back over the full vocabulary, the rest at -inf (q = 0 there).
         self._head_ids = getattr(self.lm.model, HEAD_IDS, None)

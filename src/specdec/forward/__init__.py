@@ -1,0 +1,77 @@
+"""specdec's forward: a Hugging Face model repacked in place so that each token's logits come from
+the same arithmetic whether it is decoded alone or verified in a block (docs/design.md, "One
+forward for every token"), on prepacked weights that read faster.
+
+- linear layers: `PackedLinear` (oneDNN-prepacked where the CPU supports the dtype; blocks of at
+  least two rows);
+- attention: row by row in decode and verify forwards (`attention.rows`);
+- logits in float32 from the final norm on, for a target (`float32_logits`): bf16 logits are
+  0.125 apart at 16-32, so exact ties between the two best tokens were common.
+
+The model keeps its transformers classes and stays usable by transformers' own `generate`.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from transformers import PreTrainedModel
+
+from . import attention
+from .linear import PackedLinear
+
+__all__ = ["PackedLinear", "attention", "block_invariant", "is_prepared", "prepare"]
+
+# The attribute a prepared model carries: the options it was prepared with.
+PREPARED = "specdec_prepared"
+
+
+def prepare(model: PreTrainedModel, float32_logits: bool = True) -> PreTrainedModel:
+    """Repack `model` in place (see the module docstring) and return it; a model already
+    prepared is returned as it is (so a model first run as a draft keeps its logits' dtype).
+    Linear layers that are not plain `torch.nn.Linear` (int8 ones, say) are left alone."""
+    if is_prepared(model):
+        return model
+    head = model.get_output_embeddings()
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if type(child) is torch.nn.Linear and child is not head:
+                setattr(parent, name, PackedLinear(child))
+    if float32_logits:
+        _float32_final_norm(model)
+    if type(head) is torch.nn.Linear:
+        model.set_output_embeddings(PackedLinear(head, torch.float32 if float32_logits else None))
+    attention.register()
+    model.config._attn_implementation = attention.NAME
+    setattr(model, PREPARED, {"float32_logits": float32_logits})
+    return model
+
+
+def is_prepared(model: PreTrainedModel) -> bool:
+    return getattr(model, PREPARED, None) is not None
+
+
+def block_invariant(model: PreTrainedModel) -> bool:
+    """Whether every linear layer of a prepared model keeps a row's bits in any block (its
+    probe found a block size from which on they agree) and none is left unpacked."""
+    layers = [m for m in model.modules() if isinstance(m, (PackedLinear, torch.nn.Linear))]
+    return all(isinstance(m, PackedLinear) and m.min_rows is not None for m in layers)
+
+
+class _Float32Output(torch.nn.Module):
+    """A norm computed in float32 on a float32 copy of its weights, output left in float32."""
+
+    def __init__(self, norm: torch.nn.Module):
+        super().__init__()
+        self.norm = copy.deepcopy(norm).float()
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.norm(hidden.float())
+
+
+def _float32_final_norm(model: PreTrainedModel) -> None:
+    decoder = model.get_decoder()
+    norm = getattr(decoder, "norm", None)
+    if isinstance(norm, torch.nn.Module) and not isinstance(norm, _Float32Output):
+        decoder.norm = _Float32Output(norm)
