@@ -22,8 +22,8 @@ from pathlib import Path
 import torch
 
 import specdec.lm
-from specdec.bench.datasets import Selection, load_prompts
-from specdec.draft_head import cheaper_draft
+from specdec.datasets import Selection, load_prompts
+from specdec.quantize import int8_draft
 from specdec.engine import generate
 from specdec.lm import CausalLM
 from specdec.longprompt import long_prompt
@@ -59,7 +59,7 @@ def main() -> None:
     variants = [(v.split("@")[0], int(v.split("@")[1])) for v in args.variants.split(",")]
     draft, tokenizer = load_model(config["draft"], config["dtype"])
     models = {"float32": copy.deepcopy(draft)} if any(w == "float32" for w, _ in variants) else {}
-    models["int8"] = cheaper_draft(draft, tokenizer, int8=True)
+    models["int8"] = int8_draft(draft)
     if args.context:
         cases = [(f"{args.context}-token article prompt", *long_case(config, tokenizer, args.context, args.tokens))]
     else:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from specdec.draft_head import cheaper_draft
+from specdec.quantize import int8_draft
 from specdec.lm import CausalLM
 from specdec.models import load_model
 
@@ -68,7 +68,7 @@ def main() -> None:
     rows = [int(r) for r in args.rows.split(",")]
     target, _ = load_model("qwen2.5-coder-1.5b-instruct")
     draft, tokenizer = load_model("qwen2.5-coder-0.5b-instruct")
-    models = {"target": target, "draft-int8": cheaper_draft(draft, tokenizer, int8=True)}
+    models = {"target": target, "draft-int8": int8_draft(draft)}
     results = {}
     for n in (int(c) for c in args.contexts.split(",")):
         for name, model in models.items():

@@ -15,7 +15,7 @@ import psutil
 import torch
 
 import specdec.lm
-from specdec.bench.memory import PeakMemory
+from specdec.machine import PeakMemory
 from specdec.lm import CausalLM
 from specdec.longprompt import long_prompt
 from specdec.models import load_model

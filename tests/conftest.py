@@ -69,14 +69,16 @@ def word_tokenizer(vocab: int, prefix: str = "w"):
 
 @pytest.fixture
 def tiny_registry(monkeypatch, target):
-    """Makes load_model serve tiny models by name: "tiny" (the target), "other" (another
-    vocabulary). transformers picks a tokenizer class by model type, so a tiny folder could not
+    """Makes load_model serve tiny models by name: "tiny" (the target), "tiny-draft" (a draft
+    that agrees with it often but not always), "other" (another vocabulary). transformers picks a tokenizer class by model type, so a tiny folder could not
     carry a word-level tokenizer; folder loading itself is tested in test_models.py."""
     from specdec import models
 
     # Fresh models (the session's target has the same weights, but may have been repacked by a
     # run already, and a repacked model cannot be made an int8 or restricted-head draft).
-    served = {"tiny": (tiny_model(1), word_tokenizer(64)), "other": (tiny_model(5, vocab=32), word_tokenizer(32, "x"))}
+    served = {"tiny": (tiny_model(1), word_tokenizer(64)),
+              "tiny-draft": (perturbed(tiny_model(1), seed=2, scale=0.1), word_tokenizer(64)),
+              "other": (tiny_model(5, vocab=32), word_tokenizer(32, "x"))}
 
     def fake_load(name, dtype="auto", device="cpu", trust_remote_code=False):
         if name not in served:
@@ -91,9 +93,9 @@ def tiny_registry(monkeypatch, target):
 
 @pytest.fixture(autouse=True)
 def private_advice(monkeypatch, tmp_path_factory):
-    """Saved advice (specdec.auto) goes to a fresh folder per test, never the user's cache; the
+    """Saved advice (specdec.advice) goes to a fresh folder per test, never the user's cache; the
     converted real models stay where they are."""
-    from specdec import auto
+    from specdec import advice
 
     folder = tmp_path_factory.mktemp("advice")
-    monkeypatch.setattr(auto, "advice_dir", lambda: folder)
+    monkeypatch.setattr(advice, "advice_dir", lambda: folder)

@@ -2,6 +2,7 @@
 model's own arithmetic, and in the engine: lossless, and rounds of different lengths."""
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -10,10 +11,11 @@ from hypothesis import strategies as st
 
 from specdec import DraftModel, generate
 from specdec.adaptive import PayRule
-from specdec.bench.execute import Executor
-from specdec.bench.methods import parse_method
+from specdec.advice import Advice
+from specdec.build import Drafts, build_proposer
 from specdec.costmodel import Acceptance, Costs, cost_per_token
 from specdec.errors import SpecdecError
+from specdec.method import parse
 
 from conftest import perturbed, tiny_model
 
@@ -70,35 +72,41 @@ def test_lossless_and_rounds_of_several_lengths(pair):
     assert len(lengths) >= 2 and max(lengths) <= 4, out.stats.proposed_lengths
 
 
-def write_report(path, **fields):
-    report = {"c_target": 0.3, "c_draft": 0.1, "c_draft_int8": 0.06, "verify": {"1": 0.32, "2": 0.33, "3": 0.6}}
-    report.update(fields)
-    path.write_text(json.dumps(report))
-    return path
+COMMITTED = Path(__file__).parent.parent / "docs" / "advise" / "humaneval-int8.json"  # written before version 2
 
 
-def test_from_advice_reads_an_advise_report(tmp_path):
-    path = write_report(tmp_path / "advice.json")
-    rule = PayRule.from_advice(path, int8=True, k_max=4)
-    assert rule.c_draft == 0.06 and rule.k_max == 4
-    assert rule.c_verify[:4] == pytest.approx((0.3, 0.32, 0.33, 0.6))
-    assert rule.c_verify[4] == pytest.approx(0.87)  # extrapolated upwards, never down
-    assert PayRule.from_advice(path, int8=False, k_max=2).c_draft == 0.1
+def test_pay_rule_from_an_advise_report():
+    advice = Advice.load(COMMITTED)
+    rule = advice.pay_rule(parse("draft:k=4:quant=int8:pay=1"))
+    assert rule.c_draft == pytest.approx(0.0642524989998492) and rule.k_max == 4
+    assert rule.c_verify[:4] == pytest.approx((0.29141038799934904, 0.3184504700002435, 0.3314189820011961,
+                                                0.5956523409986403))
+    assert advice.pay_rule(parse("draft:k=2:pay=1")).c_draft == pytest.approx(0.11895168800037936)
+    # a restricted head without a measurement of its own is charged its full-head draft's cost
+    assert advice.pay_rule(parse("draft:k=2:vocab=100:quant=int8:pay=1")).c_draft == rule.c_draft
+    # what advise --json writes now reads back as it was
+    assert Advice.from_json(json.loads(json.dumps(advice.to_json()))) == advice
+
+
+def test_pay_rule_extrapolates_upwards_only():
+    advice = Advice(settings={}, device="cpu", dtype="float32", c_target=0.3, verify={1: 0.32, 2: 0.33, 3: 0.6},
+                    c_draft={"draft": 0.1}, calibration={}, proposers={}, choice=None)
+    rule = advice.pay_rule(parse("draft:k=4:pay=1"))
+    assert rule.c_verify == pytest.approx((0.3, 0.32, 0.33, 0.6, 0.87))  # extrapolated upwards, never down
 
 
 def test_bad_reports_say_what_to_give(tmp_path):
     with pytest.raises(SpecdecError, match="specdec advise --json"):
-        PayRule.from_advice(tmp_path / "missing.json", int8=False, k_max=3)
-    with pytest.raises(SpecdecError, match="no int8 draft cost"):
-        PayRule.from_advice(write_report(tmp_path / "gpu.json", c_draft_int8=None), int8=True, k_max=3)
+        Advice.load(tmp_path / "missing.json")
+    gpu = Advice.load(Path(__file__).parent.parent / "docs" / "advise" / "humaneval.json")  # no int8 draft there
+    with pytest.raises(SpecdecError, match="no cost of the draft draft:quant=int8"):
+        gpu.pay_rule(parse("draft:k=3:quant=int8:pay=1"))
 
 
-def test_bench_method_with_pay_needs_the_rule_file(pair, tmp_path):
+def test_method_with_pay_needs_the_rule_file(pair):
     target, draft = pair
-    method = parse_method("draft:k=4:pay=1", {"draft": 3}, 3)
-    assert method.label == "draft:k=4:pay=1" and method.pay == 1
+    method = parse("draft:k=4:pay=1")
+    assert method.label == "draft:k=4:pay=1" and method.pay
     with pytest.raises(SpecdecError, match="--pay-rule"):
-        Executor(target, draft, None, None).prepare([method])
-    executor = Executor(target, draft, None, None, pay_rule=str(write_report(tmp_path / "a.json")))
-    executor.prepare([method])
-    assert executor._proposer(method).pay_rule.k_max == 4
+        build_proposer(method, Drafts(draft))
+    assert build_proposer(method, Drafts(draft), Advice.load(COMMITTED)).pay_rule.k_max == 4

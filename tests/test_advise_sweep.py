@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from specdec.bench.store import read_rows
 from specdec.cli import main
+from specdec.store import read_rows
 
 
 def write_prompts(tmp_path):
@@ -17,20 +17,62 @@ def write_prompts(tmp_path):
 
 
 def test_advise_json_on_tiny_models(tiny_registry, tmp_path, capsys):
-    args = ["advise", "--target", "tiny", "--draft", "tiny", "--dataset", str(write_prompts(tmp_path)),
+    """The advice is the cost model's answer to its own measurements: every figure below is
+    recomputed from the report (or the models) by hand, with a draft that the target rejects
+    sometimes."""
+    from conftest import tiny_model
+
+    from specdec.costmodel import Acceptance
+    from specdec.method import parse
+    from specdec.tune.advise import BANDWIDTH_BOUND, MIN_GAIN
+
+    args = ["advise", "--target", "tiny", "--draft", "tiny-draft", "--dataset", str(write_prompts(tmp_path)),
             "--categories", "", "--prompts", "2", "--context", "400", "--k-max", "4", "--calibration-k", "3",
             "--tokens", "8", "--raw", "--json"]
     assert main(args) == 0
     report = json.loads(capsys.readouterr().out)
-    assert set(report["verify"]) == {"1", "2", "3", "4"} and report["c_target"] > 0 and report["c_draft"] > 0
-    # self-draft: every guess is accepted
-    assert report["calibration"]["draft"]["rates"] == [1.0, 1.0, 1.0]
-    assert report["choice"]["proposer"] in ("draft", "lookup", "none")
-    assert report["memory"]["target"]["kv_cache"] > 0 and report["bandwidth"]["bound"] in ("bandwidth", "compute")
-    assert report["calibration_prompts"] == ["1", "2"]
+    assert report["version"] == 2 and report["calibration_prompts"] == ["1", "2"]
+    assert set(report["verify"]) == {"1", "2", "3", "4"} and report["c_target"] > 0
+    # on a CPU the int8 copy of the draft is measured beside the draft, and prompt lookup
+    assert list(report["c_draft"]) == ["draft", "draft:quant=int8"] and min(report["c_draft"].values()) > 0
+    assert list(report["calibration"]) == list(report["proposers"]) == ["draft", "draft:quant=int8", "lookup:ngram=3"]
+    assert report["environment"]["methods"] == list(report["calibration"])
+    # calibration: a perturbed draft, refused now and then; E[tokens/round] from the rates
+    for name, c in report["calibration"].items():
+        acc = Acceptance(tuple(c["rates"]), c["hit_rate"])
+        assert c["expected_tokens_measured"] == pytest.approx(acc.expected_tokens), name
+    assert 0 < report["calibration"]["draft"]["rates"][0] < 1
+    # each proposer's best k is the argmax of its own curve (k=0, plain decoding, where no k
+    # beats it), the choice the best proposer
+    best = None
+    for name, v in report["proposers"].items():
+        curve = {int(k): s for k, s in v["speedup_by_k"].items()}
+        top = max(curve, key=lambda k: (curve[k], -k))
+        assert (v["k"], v["speedup"]) == ((top, curve[top]) if curve[top] > 1 else (0, 1.0)), name
+        if best is None or v["speedup"] > report["proposers"][best]["speedup"]:
+            best = name
+    chosen = parse(report["choice"]["method"])
+    if report["proposers"][best]["speedup"] >= MIN_GAIN:
+        assert chosen.family() == parse(best).family() and chosen.k == report["proposers"][best]["k"]
+        assert report["choice"]["predicted_speedup"] == report["proposers"][best]["speedup"]
+    else:
+        assert chosen.kind == "ar" and report["choice"]["predicted_speedup"] == 1.0
+    # bandwidth: the bytes a step reads (float32 weights + the formula's KV) over its time
+    model = tiny_model(1)
+    c = model.config
+    weights = sum(p.numel() for p in model.parameters()) * 4
+    kv = 2 * c.num_hidden_layers * 400 * c.num_key_value_heads * (c.hidden_size // c.num_attention_heads) * 4
+    bw = report["bandwidth"]
+    assert report["memory"]["target"] == {"weights": weights, "kv_cache": kv} and bw["bytes_per_step"] == weights + kv
+    assert bw["bytes_per_s"] == pytest.approx(bw["bytes_per_step"] / report["c_target"])
+    assert bw["share_of_copy_bandwidth"] == pytest.approx(bw["bytes_per_s"] / bw["copy_bytes_per_s"])
+    assert bw["verify4_over_step"] == pytest.approx(report["verify"]["4"] / report["c_target"])
+    rule = ("compute" if bw["share_of_copy_bandwidth"] < BANDWIDTH_BOUND
+            else "bandwidth" if bw["verify4_over_step"] < 1.5 else "mixed")
+    assert bw["bound"] == rule
     assert main([a for a in args if a != "--json"]) == 0
     text = capsys.readouterr().out
-    assert "Recommendation:" in text and "C_V(k) in target steps" in text
+    assert "Recommendation: " in text and "C_V(k) in target steps" in text  # a second measurement: its own choice
 
 
 def test_sweep_writes_rows_resumes_and_reports(tiny_registry, tmp_path, capsys):
@@ -44,10 +86,11 @@ def test_sweep_writes_rows_resumes_and_reports(tiny_registry, tmp_path, capsys):
         assert r["kv_bytes"]["target"]["measured"] == r["kv_bytes"]["target"]["formula"]
         # the timed k: --ks plus every method's own k
         assert r["c_target"] > 0 and set(r["verify"]) == {"1", "2", "3"} and r["peak_memory_bytes"] > 0
-        for name in ("draft:k=2", "lookup:k=3"):
+        for name in ("draft:k=2", "lookup:k=3:ngram=3"):
             m = r["methods"][name]
             assert m["equal_to_ar"] and m["predicted_speedup"] > 0 and m["speedup"] > 0
         assert r["methods"]["draft:k=2"]["mean_accepted_length"] == pytest.approx(3.0, abs=0.5)
+        assert list(r["c_draft"]) == ["draft"] and r["c_draft"]["draft"] > 0
     assert (out / "sweep.png").stat().st_size > 0 and "| 450 |" in (out / "sweep.md").read_text()
     # Resuming with one more context runs only that one; finished rows stay as they were.
     assert main(args[:6] + ["500,400,450"] + args[7:] + ["--resume"]) == 0
@@ -65,7 +108,21 @@ def test_sweep_refuses_bad_arguments(tiny_registry, tmp_path, capsys):
     assert main(base + ["--methods", "medusa:k=2"]) == 2
     assert main(base + ["--draft", "none", "--methods", "draft:k=2"]) == 2
     err = capsys.readouterr().err
-    assert "comma list of integers" in err and "draft:k=2 or lookup:k=4" in err and "need a draft model" in err
+    assert "comma list of integers" in err and "unknown method 'medusa'" in err and "need a draft model" in err
+
+
+def test_sweep_labels_what_it_runs(tiny_registry, tmp_path):
+    """--draft-int8 is a method option: the rows, the table and the config name the int8 draft."""
+    out = tmp_path / "sweep"
+    assert main(["sweep", "--target", "tiny", "--draft", "tiny-draft", "--contexts", "400", "--tokens", "4",
+                 "--repeats", "1", "--ks", "1", "--methods", "draft:k=2", "--draft-int8", "--out", str(out)]) == 0
+    row, = read_rows(out)
+    assert list(row["methods"]) == ["ar", "draft:k=2:quant=int8"] and list(row["c_draft"]) == ["draft:quant=int8"]
+    config = json.loads((out / "config.json").read_text())
+    assert config["settings"]["methods"] == config["environment"]["methods"] == ["draft:k=2:quant=int8"]
+    assert "draft:k=2:quant=int8" in (out / "sweep.md").read_text()
+    for refused in ("hybrid:k=2", "draft:k=2:conf=0.5", "draft:k=2:cat=1"):
+        assert main(["sweep", "--target", "tiny", "--methods", refused, "--out", str(tmp_path / "x")]) == 2
 
 
 @pytest.mark.real
@@ -83,7 +140,7 @@ def test_sweep_and_advise_on_smollm2(tmp_path, capsys):
                  "--prompts", "2", "--tokens", "12", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["calibration"]["draft"]["rates"][0] > 0.9  # self-draft
-    assert report["choice"]["proposer"] in ("draft", "lookup", "none")
+    assert report["choice"]["method"]
 
 
 def test_advise_with_random_weights_takes_saved_acceptance(tiny_registry, tmp_path, capsys):
@@ -103,10 +160,10 @@ def test_advise_with_random_weights_takes_saved_acceptance(tiny_registry, tmp_pa
                  "--acceptance", str(saved), *common]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["random_weights"] and report["acceptance_from"] == "saved"
-    for name in ("draft", "lookup"):
+    for name in ("draft", "draft:quant=int8", "lookup:ngram=3"):
         assert report["calibration"][name]["rates"] == measured["calibration"][name]["rates"]
         assert report["calibration"][name]["hit_rate"] == measured["calibration"][name]["hit_rate"]
-    assert report["c_target"] > 0 and report["c_draft"] > 0 and report["choice"]["proposer"]
+    assert report["c_target"] > 0 and report["c_draft"]["draft"] > 0 and report["choice"]["method"]
     assert main(["advise", "--target", str(shapes), "--random-weights", *common]) == 2
     assert "add --acceptance FILE" in capsys.readouterr().err
 

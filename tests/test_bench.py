@@ -15,11 +15,8 @@ from tokenizers import Tokenizer, pre_tokenizers
 from tokenizers.models import WordLevel
 from transformers import PreTrainedTokenizerFast
 
-from specdec.bench import datasets
-from specdec.bench.datasets import Prompt, Selection, load_prompts, read_prompts, select
-from specdec.bench.methods import Method, parse_methods
+from specdec import datasets
 from specdec.bench.runner import EncodedPrompt, run_bench
-from specdec.bench.store import RESULTS, RowWriter, check_out_dir, read_rows
 from specdec.bench.summary import (
     bootstrap_ci,
     geomean,
@@ -28,8 +25,11 @@ from specdec.bench.summary import (
     speedup_summary,
     summarize,
 )
-from specdec.cli import DEFAULT_K, main
+from specdec.cli import main
+from specdec.datasets import Prompt, Selection, load_prompts, read_prompts, select
 from specdec.errors import SpecdecError
+from specdec.method import DEFAULT_K, Method, parse_list
+from specdec.store import RESULTS, RowWriter, check_out_dir, read_rows
 
 WORDS = list("abcdefghijklmnopqrstuvwxyz")
 EOS = 56  # appears in the tiny target's greedy output for some prompts, so both finish reasons occur
@@ -112,42 +112,62 @@ def test_mt_bench_first_turns():
 
 
 def test_method_parsing():
-    methods = parse_methods("ar, draft:k=4,draft-int8,lookup,lookup:k=8:ngram=2,hf-ar,hf-assisted:k=6,hf-lookup,"
-                            "hybrid:k=3,draft:k=4:conf=60,draft-int8:vocab=100:k=3,draft:width=2:k=3,ar:cat=1,"
-                            "lookup:cat=1:k=2", DEFAULT_K, 3)
-    assert methods == [
-        Method("ar", "ar"),
-        Method("draft:k=4", "draft", 4),
-        Method(f"draft-int8:k={DEFAULT_K['draft']}", "draft-int8", DEFAULT_K["draft"]),
-        Method(f"lookup:k={DEFAULT_K['lookup']}:ngram=3", "lookup", DEFAULT_K["lookup"], 3),
-        Method("lookup:k=8:ngram=2", "lookup", 8, 2),
-        Method("hf-ar", "hf-ar"),
-        Method("hf-assisted:k=6", "hf-assisted", 6),
-        Method(f"hf-lookup:k={DEFAULT_K['lookup']}:ngram=3", "hf-lookup", DEFAULT_K["lookup"], 3),
-        Method("hybrid:k=3:ngram=3", "hybrid", 3, 3),
-        Method("draft:k=4:conf=60", "draft", 4, conf=60),
-        Method("draft-int8:k=3:vocab=100", "draft-int8", 3, vocab=100),  # canonical option order
-        Method("draft:k=3:width=2", "draft", 3, width=2),
-        Method("ar:cat=1", "ar", cat=1),
-        Method("lookup:k=2:ngram=3:cat=1", "lookup", 2, 3, cat=1),
+    methods = parse_list("ar, draft:k=4,draft:quant=int8,lookup,lookup:k=8:ngram=2,hf-ar,hf-assisted:k=6,hf-lookup,"
+                         "hybrid:k=3,draft:k=4:conf=0.6,draft:vocab=100:k=3:quant=int8,draft:width=2:k=3,ar:cat=1,"
+                         "lookup:cat=1:k=2")
+    assert [m.label for m in methods] == [
+        "ar",
+        "draft:k=4",
+        f"draft:k={DEFAULT_K}:quant=int8",
+        f"lookup:k={DEFAULT_K}:ngram=3",
+        "lookup:k=8:ngram=2",
+        "hf-ar",
+        "hf-assisted:k=6",
+        f"hf-lookup:k={DEFAULT_K}:ngram=3",
+        "hybrid:k=3:ngram=3",
+        "draft:k=4:conf=0.6",
+        "draft:k=3:quant=int8:vocab=100",  # canonical option order
+        "draft:k=3:width=2",
+        "ar:cat=1",
+        "lookup:k=2:ngram=3:cat=1",
     ]
-    assert parse_methods("auto", DEFAULT_K, 3) == [Method("auto", "auto")]
+    assert methods[2] == Method("draft", k=DEFAULT_K, quant="int8")
+    assert parse_list("auto") == [Method("auto")]
+    # the shorthand flags fold into every method that takes them
+    folded = parse_list("ar,draft:k=2,hybrid,lookup,hf-assisted", {"quant": ("--draft-int8", "int8"),
+                                                                  "ngram": ("--max-ngram", "2")})
+    assert [m.label for m in folded] == ["ar", "draft:k=2:quant=int8", "hybrid:k=2:ngram=2:quant=int8",
+                                         "lookup:k=2:ngram=2", "hf-assisted:k=2:quant=int8"]
 
 
 @pytest.mark.parametrize("text, message", [
     ("ar,medusa", "unknown method 'medusa'"),
-    ("draft:k=0", "k in method 'draft:k=0' must be >= 1"),
+    ("draft:k=0", "k in 'draft:k=0' must be >= 1"),
     ("draft:k=two", "must be a whole number"),
-    ("draft:ngram=2", "bad option 'ngram=2' in method 'draft:ngram=2'; draft takes k=N"),
-    ("ar:k=2", "bad option 'k=2' in method 'ar:k=2'; ar takes cat=N"),
+    ("draft:ngram=2", "bad option 'ngram=2' in 'draft:ngram=2'; draft takes k="),
+    ("ar:k=2", "bad option 'k=2' in 'ar:k=2'; ar takes cat="),
     ("hf-ar:cat=1", "hf-ar takes no options"),
-    ("draft:k=3:conf=100", "percentage below 100"),
-    ("lookup:vocab=100", "lookup takes k=N, ngram=N"),
+    ("draft:k=3:conf=1", "must lie strictly between 0 and 1"),
+    ("draft:k=3:conf=70", "must lie strictly between 0 and 1"),
+    ("lookup:vocab=100", "lookup takes k=, ngram=, cat="),
     ("lookup:k=3,lookup:k=3:ngram=3", "lists lookup:k=3:ngram=3 twice"),
+    ("draft-int8:k=2", "the int8 draft is written draft:quant=int8 now"),
+    ("draft:quant=int3", "quant in 'draft:quant=int3' takes none or int8"),
+    ("draft:k=2:pay=1:width=2", "pay=1 does not apply to a tree"),
+    ("hybrid:k=2:width=2", "bad option 'width=2' in 'hybrid:k=2:width=2'"),
+    ("draft:k=2:k=3", "k is given twice"),
+    ("ar,,lookup", "has an empty entry"),
 ])
 def test_bad_methods(text, message):
     with pytest.raises(SpecdecError, match=message):
-        parse_methods(text, DEFAULT_K, 3)
+        parse_list(text)
+
+
+def test_flags_that_no_method_takes_or_that_contradict_a_spec_are_refused():
+    with pytest.raises(SpecdecError, match="--draft-int8 applies to no method in --methods 'ar,lookup'"):
+        parse_list("ar,lookup", {"quant": ("--draft-int8", "int8")})
+    with pytest.raises(SpecdecError, match="--draft-vocab contradicts vocab=100 in draft:vocab=100"):
+        parse_list("draft:vocab=100", {"vocab": ("--draft-vocab", "200")})
 
 
 # --- runner and output folder (fake executor: counts calls, no model) ---------------------------
@@ -170,7 +190,7 @@ class FakeExecutor:
 
 
 PROMPTS = [EncodedPrompt(Prompt(str(i), "c", "t"), [i]) for i in range(3)]
-METHODS = [Method("ar", "ar"), Method("lookup:k=2:ngram=3", "lookup", 2, 3)]
+METHODS = [Method("ar"), Method("lookup", 2, 3)]
 CONFIG = {"max_new_tokens": 8, "methods": ["ar", "lookup"]}
 
 
@@ -230,21 +250,36 @@ def row(prompt, method, tps, repeat=0, tokens=(1, 2, 3)):
     return {"prompt_id": prompt, "method": method, "repeat": repeat, "tokens_per_s": tps, "new_tokens": list(tokens)}
 
 
-def test_paired_speedup_median_geomean_and_interval():
+def test_paired_speedups_pair_by_prompt_and_repeat():
     base = [row("a", "ar", 10), row("b", "ar", 10), row("c", "ar", 20), row("d", "ar", 5),
             row("a", "ar", 10, repeat=1)]
     spec = [row("a", "x", 20), row("b", "x", 15), row("c", "x", 10), row("d", "x", 5),
             row("a", "x", 5, repeat=1), row("e", "x", 50)]  # e has no ar row: unpaired, left out
-    per_prompt = paired_speedups(spec, base)
     # a: geometric mean of 2.0 and 0.5 over its repeats = 1.0
-    assert per_prompt == pytest.approx({"a": 1.0, "b": 1.5, "c": 0.5, "d": 1.0})
-    s = speedup_summary(per_prompt)
-    assert s["median"] == pytest.approx(1.0)  # sorted 0.5, 1, 1, 1.5
-    assert (s["q1"], s["q3"]) == pytest.approx((0.875, 1.125))
-    assert s["geomean"] == pytest.approx(0.75 ** 0.25)
-    lo, hi = s["ci95_median"]
-    assert 0.5 <= lo <= s["median"] <= hi <= 1.5
-    assert s["ci95_median"] == speedup_summary(per_prompt)["ci95_median"]  # fixed seed
+    assert paired_speedups(spec, base) == pytest.approx({"a": 1.0, "b": 1.5, "c": 0.5, "d": 1.0})
+
+
+def test_speedup_interval_is_the_bootstrap_distributions_percentiles():
+    """Six prompts at 1.0x and four at 3.0x. A resample of the ten prompts (with replacement)
+    holds X ~ Binomial(10, 0.4) of the 3.0x ones, so its geometric mean is 3^(X/10) and its
+    median 1, 2 or 3 as X < 5, = 5 or > 5: the exact 2.5% and 97.5% points follow from the
+    binomial, and the interval's bounds must be them (away from the cut points, 2000 resamples
+    cannot land elsewhere: checked below)."""
+    from scipy.stats import binom
+
+    values = [1.0] * 6 + [3.0] * 4
+    s = speedup_summary({f"p{i}": v for i, v in enumerate(values)})
+    assert s["median"] == 1.0 and (s["q1"], s["q3"]) == (1.0, 3.0) and s["n"] == 10
+    assert s["geomean"] == pytest.approx(3 ** 0.4)
+    cdf = binom.cdf(np.arange(11), 10, 0.4)
+    lo, hi = int(np.searchsorted(cdf, 0.025)), int(np.searchsorted(cdf, 0.975))
+    assert (lo, hi) == (1, 7)
+    assert cdf[lo - 1] < 0.025 - 0.015 and cdf[lo] > 0.025 + 0.015  # clear of the cut points
+    assert cdf[hi - 1] < 0.975 - 0.025 and cdf[hi] > 0.975 + 0.01
+    assert s["ci95_geomean"] == pytest.approx([3 ** (lo / 10), 3 ** (hi / 10)])
+    median_of = lambda x: 1.0 if x < 5 else 2.0 if x == 5 else 3.0  # noqa: E731
+    assert s["ci95_median"] == pytest.approx([median_of(lo), median_of(hi)])
+    assert s["ci95_median"] == speedup_summary({f"p{i}": v for i, v in enumerate(values)})["ci95_median"]  # fixed seed
 
 
 def test_position_acceptance_is_conditional_on_the_earlier_guesses():
@@ -307,8 +342,8 @@ def dataset(tmp_path_factory) -> Path:
     ])
 
 
-ALL_METHODS = ("ar,draft:k=3,lookup:k=2,hf-ar,hf-assisted:k=2,hf-lookup:k=2,draft-int8:k=2,hybrid:k=2,draft:k=2:vocab=20,"
-               "draft:k=2:width=2,ar:cat=1,draft:k=3:cat=1")
+ALL_METHODS = ("ar,draft:k=3,lookup:k=2,hf-ar,hf-assisted:k=2,hf-lookup:k=2,draft:k=2:quant=int8,hybrid:k=2,"
+               "draft:k=2:vocab=20,draft:k=2:width=2,ar:cat=1,draft:k=3:cat=1")
 
 
 def bench_args(tiny_pair, dataset, out, *extra) -> list[str]:
@@ -322,7 +357,7 @@ def test_full_bench_on_tiny_models(tiny_pair, dataset, tmp_path, monkeypatch):
     assert main(bench_args(tiny_pair, dataset, out)) == 0
     rows = read_rows(out)
     labels = ["ar", "draft:k=3", "lookup:k=2:ngram=3", "hf-ar", "hf-assisted:k=2", "hf-lookup:k=2:ngram=3",
-              "draft-int8:k=2", "hybrid:k=2:ngram=3", "draft:k=2:vocab=20", "draft:k=2:width=2", "ar:cat=1",
+              "draft:k=2:quant=int8", "hybrid:k=2:ngram=3", "draft:k=2:vocab=20", "draft:k=2:width=2", "ar:cat=1",
               "draft:k=3:cat=1"]
     assert [r["method"] for r in rows[:12]] == labels  # interleaved per prompt
     assert len(rows) == 4 * 12
@@ -340,10 +375,20 @@ def test_full_bench_on_tiny_models(tiny_pair, dataset, tmp_path, monkeypatch):
     assert list(summary["categories"]) == ["even", "odd"]
     overall = summary["overall"]["methods"]
     assert list(overall) == labels
+    ar_tps = {r["prompt_id"]: r["tokens_per_s"] for r in rows if r["method"] == "ar"}
     for label in labels[1:]:
         assert overall[label]["greedy_equal"]["mismatches"] == 0, label
         assert overall[label]["greedy_equal"]["prompts_compared"] == 4
-        assert overall[label]["speedup"]["median"] > 0
+        # the summary's speedups are the rows' paired ratios over ar, and their median
+        mine = {r["prompt_id"]: r["tokens_per_s"] / ar_tps[r["prompt_id"]] for r in rows if r["method"] == label}
+        assert overall[label]["speedup"]["per_prompt"] == pytest.approx(mine), label
+        assert overall[label]["speedup"]["median"] == pytest.approx(float(np.median(list(mine.values())))), label
+    for label in ("draft:k=3", "draft:k=2:quant=int8", "hybrid:k=2:ngram=3", "draft:k=2:width=2"):
+        spec = [r for r in rows if r["method"] == label]
+        accepted, proposed, rounds = (sum(r[f] for r in spec) for f in ("accepted", "proposed", "rounds"))
+        assert 0 < accepted < proposed, label  # the draft was refused sometimes: equality above means something
+        assert overall[label]["mean_accepted_length"] == pytest.approx((accepted + rounds) / rounds), label
+        assert overall[label]["acceptance_rate"] == pytest.approx(accepted / proposed), label
     draft = overall["draft:k=3"]
     assert draft["prediction"]["inputs"]["k"] == 3
     assert draft["prediction"]["inputs"]["expected_tokens_per_round"] == pytest.approx(draft["mean_accepted_length"])
@@ -371,21 +416,24 @@ def test_full_bench_on_tiny_models(tiny_pair, dataset, tmp_path, monkeypatch):
 
 def test_cat_option_runs_both_models_on_the_concatenating_cache(tiny_pair, dataset, tmp_path, monkeypatch):
     import specdec.bench.execute as execute
+    import specdec.build as build
 
     layouts = []
 
     class Recording(execute.CausalLM):
-        def __init__(self, model, preallocate=True):
-            super().__init__(model, preallocate)
-            layouts.append(preallocate)
+        def __init__(self, model, preallocate=True, invariant=True):
+            super().__init__(model, preallocate, invariant)
+            layouts.append((preallocate, invariant))
 
     monkeypatch.setattr(execute, "CausalLM", Recording)
+    monkeypatch.setattr(build, "CausalLM", Recording)
     out = tmp_path / "run"
     assert main([*bench_args(tiny_pair, dataset, out), "--methods", "draft:k=2:cat=1", "--limit", "1"]) == 0
-    assert layouts and not any(layouts)  # target and draft, warm-up and run
+    # target (invariant: its rows as decoded alone) and draft (not), warm-up and run
+    assert sorted(set(layouts)) == [(False, False), (False, True)] and len(layouts) == 4
     layouts.clear()
     assert main([*bench_args(tiny_pair, dataset, tmp_path / "b"), "--methods", "draft:k=2", "--limit", "1"]) == 0
-    assert layouts and all(layouts)
+    assert sorted(set(layouts)) == [(True, False), (True, True)] and len(layouts) == 4
 
 
 def test_cli_refusals_are_one_line_exit_2(tiny_pair, dataset, tmp_path, capsys):
@@ -411,13 +459,13 @@ def test_resume_with_changed_config_is_refused(tiny_pair, dataset, tmp_path, cap
 def test_auto_method_runs_the_advised_method(tiny_pair, dataset, tmp_path, capsys):
     """`auto` is resolved once from the saved advice (or the device default), recorded in the
     configuration, and runs that method's proposer; its output is ar's."""
-    from specdec.auto import Setup, save_advice
-    from specdec.cli import build_parser
+    from specdec.advice import Advice, Choice, save_advice
+    from specdec.cli import args as cli_args, build_parser
 
     out = tmp_path / "default"
     assert main(bench_args(tiny_pair, dataset, out, "--methods", "ar,auto")) == 0
     config = json.loads((out / "config.json").read_text())
-    assert config["auto"]["runs"] == "draft-int8:k=2" and "no advice" in config["auto"]["why"]
+    assert config["auto"]["runs"] == "draft:k=2:quant=int8" and "no advice" in config["auto"]["why"]
     assert config["draft"] == tiny_pair[1]
     rows = [r for r in read_rows(out) if r["method"] == "auto"]
     assert rows and all(r["draft_calls"] > 0 and max(r["proposed_lengths"]) <= 2 for r in rows)
@@ -425,16 +473,51 @@ def test_auto_method_runs_the_advised_method(tiny_pair, dataset, tmp_path, capsy
     assert overall["greedy_equal"]["mismatches"] == 0
 
     args = bench_args(tiny_pair, dataset, tmp_path / "advised", "--methods", "ar,auto")
-    save_advice(Setup.from_args(build_parser().parse_args(args)),
-                {"choice": {"proposer": "lookup", "k": 3, "predicted_speedup": 1.2}, "settings": {"context": 512}})
+    parsed = build_parser().parse_args(args)
+    save_advice(cli_args.setup_of(parsed, None),
+                Advice(settings={"context": 512}, device="cpu", dtype="float32", c_target=0.3, verify={1: 0.3},
+                       c_draft={}, calibration={}, proposers={}, choice=Choice("lookup:k=3:ngram=3", 1.2)))
     assert main(args) == 0
     config = json.loads((tmp_path / "advised" / "config.json").read_text())
     assert config["auto"]["runs"] == "lookup:k=3:ngram=3" and config["draft"] is None
     assert all(r["draft_calls"] == 0 for r in read_rows(tmp_path / "advised") if r["method"] == "auto")
 
 
+def test_config_records_where_when_and_what_ran(tiny_pair, dataset, tmp_path):
+    out = tmp_path / "run"
+    assert main(bench_args(tiny_pair, dataset, out, "--limit", "1", "--draft-int8", "--methods", "ar,draft:k=2")) == 0
+    config = json.loads((out / "config.json").read_text())
+    env = config["environment"]
+    assert config["methods"] == ["ar", "draft:k=2:quant=int8"] == env["methods"]
+    assert env["dtype"] == "float32" and env["threads"] >= 1 and env["torch"] and env["transformers"]
+    assert len(env["git_commit"]) == 40 and isinstance(env["git_dirty"], bool) and env["date"][:2] == "20"
+    assert set(env["cpu_flags"]) >= {"avx512_bf16", "amx_bf16"} and isinstance(env["native_bf16"], bool)
+    assert "at commit " + env["git_commit"][:12] in (out / "report.md").read_text()
+
+
+@pytest.mark.parametrize("run", ["levers-humaneval-10", "humaneval-20-128"])
+def test_committed_runs_rebuild_from_their_rows(run, tmp_path):
+    """Folders written before the one method grammar (methods as dicts, the int8 draft as kind
+    draft-int8, conf in percent, pay=1 with a version-1 advise report) still summarise to the
+    figures committed with them."""
+    import shutil
+
+    committed = Path(__file__).parent.parent / "docs" / "bench" / run
+    out = tmp_path / run
+    shutil.copytree(committed, out)
+    assert main(["report", str(out)]) == 0
+    before = json.loads((committed / "summary.json").read_text())["overall"]["methods"]
+    after = json.loads((out / "summary.json").read_text())["overall"]["methods"]
+    assert list(after) == list(before)
+    for label, m in before.items():
+        for figure in ("speedup", "tokens_per_s", "mean_accepted_length", "acceptance_rate", "greedy_equal"):
+            assert after[label][figure] == m[figure], (label, figure)
+        if m["prediction"]:
+            assert after[label]["prediction"]["predicted_speedup"] == pytest.approx(m["prediction"]["predicted_speedup"])
+
+
 def test_summary_without_ar_has_no_speedups():
-    config = {"methods": [{"label": "hf-ar", "kind": "hf-ar", "k": None}], "sampling": {"temperature": 0}}
+    config = {"methods": ["hf-ar"], "sampling": {"temperature": 0}}
     r = {**row("a", "hf-ar", 5.0), "category": "c", "prefill_s": 0.1, "n_new": 3, "round_tokens": [1, 1, 1],
          "accept_lengths": None, "decode_tokens": 2, "decode_s": 0.4, "times": {"prefill": 0.1, "decode": 0.4},
          "peak_memory_bytes": 1}

@@ -20,25 +20,35 @@ def run(capsys, *argv):
 
 
 def base_args(_, *extra):
-    return ["generate", "--target", "tiny", "--draft", "tiny", "--raw", "--prompt", PROMPT, *extra]
+    return ["generate", "--target", "tiny", "--draft", "tiny-draft", "--raw", "--prompt", PROMPT, *extra]
+
+
+# Every way generate runs a draft, each with the perturbed draft "tiny-draft" (conftest), which
+# the target rejects now and then: a path that committed a wrong guess could not pass.
+DRAFT_PATHS = (("draft",), ("draft", "--tree-width", "3"), ("draft", "--draft-vocab", "20"),
+               ("hybrid", "--draft-int8"), ("draft:k=3:quant=int8", "--min-confidence", "0.5"))
 
 
 def test_json_output_equals_plain_decoding(capsys, tiny_registry):
     runs = {}
-    for proposer, *extra in (("none",), ("lookup",), ("draft",), ("draft", "--tree-width", "3"),
-                             ("draft", "--draft-vocab", "20"), ("hybrid", "--draft-int8")):
+    for proposer, *extra in (("none",), ("lookup",), *DRAFT_PATHS):
         code, out, _ = run(capsys, *base_args(tiny_registry, "--json", "--proposer", proposer,
-                                               "--max-new-tokens", "12", *extra))
+                                               "--max-new-tokens", "24", *extra))
         assert code == 0
         runs[" ".join([proposer, *extra])] = json.loads(out)
+    plain = runs["none"]["new_tokens"]
+    assert len(plain) == 24
     for name, r in runs.items():
-        assert r["new_tokens"] == runs["none"]["new_tokens"], name
-    assert runs["draft"]["finish_reason"] in ("length", "eos")
+        assert r["new_tokens"] == plain, name
+    for path in DRAFT_PATHS:
+        stats = runs[" ".join(path)]["stats"]
+        assert 0 < stats["accepted"] < stats["proposed"], path  # guesses were both taken and refused
+        assert stats["draft_calls"] > 1 and stats["target_calls"] == stats["rounds"] + 1
     stats = runs["draft"]["stats"]
     for key in ("rounds", "target_calls", "draft_calls", "proposed", "accepted", "accept_lengths",
                 "position_acceptance", "times", "tokens_per_s", "mean_accepted_length"):
         assert key in stats
-    assert stats["accepted"] == stats["proposed"]  # the draft is the target itself
+    assert runs["draft"]["finish_reason"] == "length"
 
 
 def test_streaming_marks_draft_tokens(capsys, tiny_registry):
@@ -51,13 +61,23 @@ def test_streaming_marks_draft_tokens(capsys, tiny_registry):
 
 @pytest.mark.parametrize("extra,message", [
     (["-k", "0"], "-k must be >= 1"),
-    (["--proposer", "draft", "--tree-width", "0"], "width must be >= 1"),
-    (["--proposer", "draft", "--draft-vocab", "0"], "draft vocabulary size must lie in"),
+    (["--proposer", "draft", "--tree-width", "0"], "--tree-width must be >= 1"),
+    (["--proposer", "draft", "--draft-vocab", "0"], "--draft-vocab must be >= 1"),
     (["--max-new-tokens", "0"], "max-new-tokens must be >= 1"),
     (["--temperature", "-1"], "temperature must be >= 0"),
     (["--temperature", "1", "--top-p", "0"], "top_p must be in (0, 1]"),
     (["--temperature", "1", "--top-p", "1.5"], "top_p must be in (0, 1]"),
     (["--temperature", "1", "--top-k", "0"], "top_k must be >= 1"),
+    # options that would be ignored, or contradict the spec, name themselves
+    (["--draft-int8"], "--draft-int8 does not apply to lookup: lookup takes k=, ngram=, cat="),
+    (["--tree-width", "2"], "--tree-width does not apply to lookup"),
+    (["--proposer", "none", "-k", "3"], "-k does not apply to none"),
+    (["--proposer", "hybrid", "--tree-width", "2"], "--tree-width does not apply to hybrid"),
+    (["--proposer", "draft:k=4", "-k", "2"], "-k contradicts k=4 in draft:k=4"),
+    (["--proposer", "draft:quant=int8:width=2:pay=1"], "pay=1 does not apply to a tree (width=2)"),
+    (["--proposer", "draft", "--tree-width", "2", "--pay-rule", "x.json"], "pay=1 does not apply to a tree"),
+    (["--proposer", "draft-int8"], "the int8 draft is written draft:quant=int8 now"),
+    (["--proposer", "draft:ngram=2"], "bad option 'ngram=2' in 'draft:ngram=2'; draft takes k="),
 ])
 def test_bad_arguments_one_line_errors(capsys, tiny_registry, extra, message):
     code, out, err = run(capsys, *base_args(tiny_registry, "--proposer", "lookup", *extra))
@@ -132,9 +152,11 @@ def test_ctrl_c_keeps_what_was_committed(target):
 
 
 def test_ctrl_c_in_the_cli_prints_stats(capsys, tiny_registry, monkeypatch):
-    from specdec import cli
+    from specdec.cli import generate as command
+    from specdec.method import parse
 
-    monkeypatch.setattr(cli, "load_pair", lambda args: (*tiny_registry["tiny"], InterruptingLookup()))
+    monkeypatch.setattr(command, "load_proposer",
+                        lambda args: (*tiny_registry["tiny"], parse("lookup"), InterruptingLookup()))
     code, out, err = run(capsys, *base_args(tiny_registry, "--max-new-tokens", "20"))
     assert code == 130 and "[specdec]" in err and "Traceback" not in err
 
@@ -143,13 +165,27 @@ def test_ctrl_c_in_the_cli_prints_stats(capsys, tiny_registry, monkeypatch):
 
 
 def auto_args(*extra):
-    return ["generate", "--target", "tiny", "--draft", "tiny", "--raw", "--prompt", PROMPT, "--json",
+    return ["generate", "--target", "tiny", "--draft", "tiny-draft", "--raw", "--prompt", PROMPT, "--json",
             "--max-new-tokens", "12", *extra]
+
+
+def advice_choosing(method: str, speedup: float):
+    from specdec.advice import Advice, Choice
+
+    return Advice(settings={"context": 512}, device="cpu", dtype="float32", c_target=0.3, verify={1: 0.3},
+                  c_draft={}, calibration={}, proposers={}, choice=Choice(method, speedup))
+
+
+def setup_of(argv):
+    from specdec.cli import args, build_parser
+
+    parsed = build_parser().parse_args(argv)
+    return args.setup_of(parsed, parsed.draft_vocab)
 
 
 def test_auto_is_the_default_and_uses_the_cpu_default_without_advice(capsys, tiny_registry):
     code, out, err = run(capsys, *auto_args())
-    assert code == 0 and "auto: draft-int8 k=2 (no advice measured" in err
+    assert code == 0 and "auto: draft:k=2:quant=int8 (no advice measured" in err
     auto = json.loads(out)
     code, out, _ = run(capsys, *auto_args("--proposer", "none"))
     assert auto["new_tokens"] == json.loads(out)["new_tokens"]
@@ -157,42 +193,51 @@ def test_auto_is_the_default_and_uses_the_cpu_default_without_advice(capsys, tin
 
 
 def test_auto_follows_saved_advice(capsys, tiny_registry, tmp_path):
-    from specdec.auto import Setup, advice_path, save_advice
-    from specdec.cli import build_parser
+    from specdec.advice import advice_path, save_advice
     from specdec.models import resolve_dtype
 
-    setup = Setup.from_args(build_parser().parse_args(auto_args()))
-    report = {"choice": {"proposer": "none", "k": 0, "predicted_speedup": 1.0}, "settings": {"context": 512}}
-    save_advice(setup, report)
+    setup = setup_of(auto_args())
+    save_advice(setup, advice_choosing("ar", 1.0))
     code, out, err = run(capsys, *auto_args())
     assert code == 0 and "auto: plain decoding (advised" in err
     assert json.loads(out)["stats"]["draft_calls"] == 0
-    save_advice(setup, report | {"choice": {"proposer": "lookup", "k": 3, "predicted_speedup": 1.3}})
-    code, out, err = run(capsys, *auto_args("-k", "4"))  # an explicit -k wins
-    assert code == 0 and "auto: lookup k=4 (advised" in err and "predicted 1.30x" in err
+    save_advice(setup, advice_choosing("lookup:k=3:ngram=3", 1.3))
+    code, out, err = run(capsys, *auto_args("-k", "4", "--draft-int8"))  # an explicit -k wins
+    assert code == 0 and "auto: lookup:k=4:ngram=3 (advised" in err and "predicted 1.30x" in err
+    assert "quant=int8 not applied" in err  # said, not silently dropped
     # another machine, dtype or model pair has its own advice; `auto` is whichever dtype this
     # CPU computes natively, so compare with the other one
     other = "float32" if resolve_dtype("auto") == "bfloat16" else "bfloat16"
-    assert advice_path(setup) != advice_path(Setup.from_args(build_parser().parse_args(auto_args("--dtype", other))))
-    assert advice_path(setup) == advice_path(
-        Setup.from_args(build_parser().parse_args(auto_args("--dtype", resolve_dtype("auto")))))
+    assert advice_path(setup) != advice_path(setup_of(auto_args("--dtype", other)))
+    assert advice_path(setup) == advice_path(setup_of(auto_args("--dtype", resolve_dtype("auto"))))
     advice_path(setup).write_text("{not json")
     code, _, err = run(capsys, *auto_args())
     assert code == 2 and "delete it or run `specdec advise` again" in err
 
 
+def test_advice_saved_before_version_2_still_chooses(capsys, tiny_registry):
+    from specdec.advice import advice_path
+
+    setup = setup_of(auto_args())
+    advice_path(setup).parent.mkdir(parents=True, exist_ok=True)
+    advice_path(setup).write_text(json.dumps({"setup": {}, "context": 512, "saved": "2026-11-30 10:00",
+                                              "choice": {"proposer": "draft-int8", "k": 3, "predicted_speedup": 1.5}}))
+    code, _, err = run(capsys, *auto_args())
+    assert code == 0 and "auto: draft:k=3:quant=int8 (advised 2026-11-30 10:00 at context 512" in err
+
+
 def test_advise_saves_advice_for_auto(capsys, tiny_registry, tmp_path):
-    from specdec.auto import Setup, advice_path
-    from specdec.cli import build_parser
+    from specdec.advice import Advice, advice_path
+    from specdec.method import parse
 
     prompts = tmp_path / "calib.jsonl"
     prompts.write_text(json.dumps({"prompt": "w1 w2 w3 w1 w2 w3"}) + "\n")
-    args = ["advise", "--target", "tiny", "--draft", "tiny", "--dataset", str(prompts), "--categories", "",
+    args = ["advise", "--target", "tiny", "--draft", "tiny-draft", "--dataset", str(prompts), "--categories", "",
             "--prompts", "1", "--context", "200", "--k-max", "3", "--calibration-k", "2", "--tokens", "6", "--raw"]
     assert main(args) == 0
-    setup = Setup.from_args(build_parser().parse_args(args))
-    saved = json.loads(advice_path(setup).read_text())
-    assert saved["setup"]["target"] == "tiny" and saved["context"] == 200
-    assert saved["choice"]["proposer"] in ("draft", "draft-int8", "lookup", "none")
+    saved = json.loads(advice_path(setup_of(args)).read_text())
+    assert saved["version"] == 2 and saved["setup"]["target"] == "tiny" and saved["settings"]["context"] == 200
+    choice = parse(Advice.from_json(saved).choice.method)
+    assert choice.kind == "ar" or choice.family().label in saved["proposers"]
     err = capsys.readouterr().err
-    assert "saved for `specdec generate --proposer auto`" in err and "draft-int8 proposer" in err
+    assert "saved for `specdec generate --proposer auto`" in err and "draft:quant=int8 proposer" in err

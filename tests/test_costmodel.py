@@ -43,8 +43,6 @@ def test_iid_edges():
 def test_from_alpha_matches_iid_formula():
     acc = Acceptance.from_alpha(0.8, 4)
     assert acc.expected_accepted == pytest.approx(2.3616, abs=1e-12)
-    assert acc.p_all_accepted == pytest.approx(0.4096, abs=1e-12)
-    assert acc.p_reject == pytest.approx(0.5904, abs=1e-12)
 
 
 def test_rates_expected_accepted():
@@ -52,7 +50,6 @@ def test_rates_expected_accepted():
     # 1 + 1*0.5 + 1*0.5*0.5 = 1.75
     assert acc.expected_accepted == pytest.approx(1.75, abs=1e-12)
     assert acc.expected_tokens == pytest.approx(2.75, abs=1e-12)
-    assert acc.p_all_accepted == pytest.approx(0.25, abs=1e-12)
 
 
 def test_histogram_to_rates_and_expected_accepted():
@@ -62,7 +59,6 @@ def test_histogram_to_rates_and_expected_accepted():
     assert acc.rates == pytest.approx((90 / 100, 70 / 90, 40 / 70), abs=1e-12)
     # (0*10 + 1*20 + 2*30 + 3*40) / 100 = 200 / 100 = 2.0
     assert acc.expected_accepted == pytest.approx(2.0, abs=1e-12)
-    assert acc.p_all_accepted == pytest.approx(0.4, abs=1e-12)
 
 
 def test_histogram_position_never_reached_gets_zero_rate():
@@ -86,12 +82,9 @@ def test_at_k_truncates_and_extends():
     acc = Acceptance.from_rates([0.9, 0.6])
     assert acc.at_k(1).rates == (0.9,)
     assert acc.at_k(0).rates == ()
-    assert acc.at_k(0).p_reject == 0.0
-    assert acc.at_k(4).rates == pytest.approx((0.9, 0.6, 0.6, 0.6))
-    # fitted alpha for E[A] = 0.9 + 0.54 = 1.44 at k=2: a + a^2 = 1.44 -> a = (-1 + sqrt(6.76)) / 2 = 0.8
-    assert acc.at_k(3, extend="alpha").rates == pytest.approx((0.9, 0.6, 0.8), abs=1e-12)
+    assert acc.at_k(4).rates == pytest.approx((0.9, 0.6, 0.6, 0.6))  # the last measured rate repeated
     with pytest.raises(ValueError):
-        acc.at_k(3, extend="typo")  # type: ignore[arg-type]
+        Acceptance(()).at_k(1)  # nothing to extend
 
 
 def test_fit_alpha_hand_cases():
@@ -130,10 +123,10 @@ def test_property_rates_and_histogram_agree(rates):
     assert Acceptance.from_histogram(hist).expected_accepted == pytest.approx(direct, abs=1e-9)
 
 
-@given(rates_strategy, st.sampled_from(["last", "alpha"]))
-def test_property_expected_accepted_monotone_in_k(rates, extend):
+@given(rates_strategy)
+def test_property_expected_accepted_monotone_in_k(rates):
     acc = Acceptance.from_rates(rates)
-    values = [acc.at_k(k, extend=extend).expected_accepted for k in range(0, 13)]
+    values = [acc.at_k(k).expected_accepted for k in range(0, 13)]
     assert all(b >= a - 1e-12 for a, b in zip(values, values[1:]))
 
 
@@ -185,37 +178,37 @@ def test_costs_validation(kwargs):
         Costs(**kwargs)
 
 
-HAND = Costs(c_target=0.25, c_draft=0.08, c_verify={4: 0.275}, c_repair=0.005, c_overhead=0.01)
+HAND = Costs(c_target=0.25, c_draft=0.08, c_verify={4: 0.275}, c_overhead=0.01)
 
 
 def test_round_cost_and_speedup_by_hand():
     acc = Acceptance.from_alpha(0.8, 4)
-    # 4*0.08 + 0.275 + (1 - 0.8^4)*0.005 + 0.01 = 0.32 + 0.275 + 0.5904*0.005 + 0.01
-    #   = 0.32 + 0.275 + 0.002952 + 0.01 = 0.607952
-    assert round_cost(HAND, 4, acc.p_reject) == pytest.approx(0.607952, abs=1e-12)
-    # per token: 0.607952 / 3.3616 = 0.18085429...
-    assert cost_per_token(HAND, acc, 4) == pytest.approx(0.607952 / 3.3616, abs=1e-12)
-    # speedup: 0.25 / 0.18085429 = 0.25 * 3.3616 / 0.607952 = 0.8404 / 0.607952 = 1.38234597...
-    assert predicted_speedup(HAND, acc, 4) == pytest.approx(1.3823459746822, abs=1e-9)
+    # 4*0.08 + 0.275 + 0.01 = 0.32 + 0.275 + 0.01 = 0.605
+    assert round_cost(HAND, 4) == pytest.approx(0.605, abs=1e-12)
+    # a round that guesses half the time verifies only the pending token otherwise:
+    # 4*0.08 + 0.5*0.275 + 0.5*0.25 + 0.01 = 0.5925
+    assert round_cost(HAND, 4, hit_rate=0.5) == pytest.approx(0.5925, abs=1e-12)
+    # per token: 0.605 / 3.3616 = 0.17997381...
+    assert cost_per_token(HAND, acc, 4) == pytest.approx(0.605 / 3.3616, abs=1e-12)
+    # speedup: 0.25 / 0.17997381 = 0.25 * 3.3616 / 0.605 = 0.8404 / 0.605 = 1.38909090...
+    assert predicted_speedup(HAND, acc, 4) == pytest.approx(1.3890909090909, abs=1e-9)
 
 
 def test_baseline_overhead_raises_plain_cost():
-    costs = Costs(c_target=0.25, c_draft=0.08, c_verify={4: 0.275}, c_repair=0.005, c_overhead=0.01,
-                  c_baseline_overhead=0.01)
-    # (0.25 + 0.01) * 3.3616 / 0.607952
-    assert predicted_speedup(costs, Acceptance.from_alpha(0.8, 4), 4) == pytest.approx(0.26 * 3.3616 / 0.607952)
+    costs = Costs(c_target=0.25, c_draft=0.08, c_verify={4: 0.275}, c_overhead=0.01, c_baseline_overhead=0.01)
+    # (0.25 + 0.01) * 3.3616 / 0.605
+    assert predicted_speedup(costs, Acceptance.from_alpha(0.8, 4), 4) == pytest.approx(0.26 * 3.3616 / 0.605)
 
 
 # --- break-even -----------------------------------------------------------------
 
 
 def test_break_even_k1_hand_derived():
-    # k=1: speedup = C_T (1 + a) / (C_D + C_V(1) + (1 - a) C_R + C_O) = 1
-    #   -> a = (C_D + C_V(1) + C_R + C_O - C_T) / (C_T + C_R)
-    #   = (0.05 + 0.26 + 0.01 + 0.02 - 0.25) / (0.25 + 0.01) = 0.09 / 0.26
-    costs = Costs(c_target=0.25, c_draft=0.05, c_verify={1: 0.26}, c_repair=0.01, c_overhead=0.02)
-    assert break_even_alpha(costs, 1) == pytest.approx(0.09 / 0.26, abs=1e-12)
-    # without repair and overhead: a = (C_D + C_V(1)) / C_T - 1 = 0.31 / 0.25 - 1 = 0.24
+    # k=1: speedup = C_T (1 + a) / (C_D + C_V(1) + C_O) = 1
+    #   -> a = (C_D + C_V(1) + C_O) / C_T - 1 = (0.05 + 0.26 + 0.02) / 0.25 - 1 = 0.32
+    costs = Costs(c_target=0.25, c_draft=0.05, c_verify={1: 0.26}, c_overhead=0.02)
+    assert break_even_alpha(costs, 1) == pytest.approx(0.32, abs=1e-12)
+    # without overhead: a = (C_D + C_V(1)) / C_T - 1 = 0.31 / 0.25 - 1 = 0.24
     plain = Costs(c_target=0.25, c_draft=0.05, c_verify={1: 0.26})
     assert break_even_alpha(plain, 1) == pytest.approx(0.24, abs=1e-12)
 

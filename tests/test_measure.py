@@ -5,12 +5,14 @@ import pytest
 import torch
 
 from specdec import DraftModel, PromptLookup, generate
-from specdec.advise import Calibration, bandwidth_verdict, recommend
+from specdec.method import Method
+from specdec.tune.advise import bandwidth_verdict, recommend
+from specdec.tune.calibration import Calibration
 from specdec.costmodel import Acceptance, Costs, predicted_speedup
 from specdec.errors import SpecdecError
 from specdec.lm import CausalLM, _shared_prefix
 from specdec.longprompt import articles, long_prompt
-from specdec.measure import copy_bandwidth, kv_bytes, measure_model, measured_kv_bytes, time_blocks
+from specdec.tune.measure import copy_bandwidth, kv_bytes, measure_model, measured_kv_bytes, time_blocks
 from specdec.stats import GenerationStats
 
 from conftest import word_tokenizer
@@ -75,7 +77,6 @@ def test_time_blocks_restores_the_cache_and_measure_model_maps_k_to_rows(models)
     assert lm.length == 40 and costs.context == 40
     assert set(costs.blocks) == {1, 2, 3, 5} and costs.blocks[1] == costs.step > 0
     assert costs.verify(2) == costs.blocks[3] and costs.verify(4) == costs.blocks[5]
-    assert costs.relative()[1] == 1.0
     timed = time_blocks(lm, [4, 1, 4], repeats=1)
     assert set(timed) == {1, 4} and min(timed.values()) > 0 and lm.length == 40
 
@@ -128,7 +129,6 @@ def test_hit_rate_enters_cost_and_tokens():
     acc = Acceptance((1.0,), hit_rate=0.5)
     assert predicted_speedup(Costs(1.0, 0.0, {1: 1.0}), acc, 1) == pytest.approx(1.5)
     assert predicted_speedup(Costs(1.0, 0.0, {1: 2.0}), acc, 1) == pytest.approx(1.0)
-    assert acc.p_reject == 0.0 and Acceptance((0.5,), 0.5).p_reject == pytest.approx(0.25)
 
 
 def calibration(rates, hit=1.0, propose=0.0) -> Calibration:
@@ -137,21 +137,21 @@ def calibration(rates, hit=1.0, propose=0.0) -> Calibration:
 
 def test_recommend_picks_the_cheap_accurate_proposer_and_k():
     verify = {k: 1.0 for k in range(1, 9)}  # blocks free, as on a bandwidth-bound GPU
-    advice = recommend(1.0, verify, 0.0, 0.0, {"draft": (0.1, calibration([0.8] * 6)),
-                                                 "lookup": (0.0, calibration([0.5] * 6, hit=0.3))}, 8)
-    draft = advice["proposers"]["draft"]
-    assert advice["choice"]["proposer"] == "draft" and draft["k"] > 2
-    assert draft["speedup"] == pytest.approx(max(draft["speedup_by_k"].values()))
-    assert advice["choice"]["predicted_speedup"] == pytest.approx(draft["speedup"])
+    verdicts, choice = recommend(1.0, verify, 0.0, {Method("draft", quant="int8"): (0.1, calibration([0.8] * 6)),
+                                                    Method("lookup", ngram=3): (0.0, calibration([0.5] * 6, hit=0.3))}, 8)
+    draft = verdicts["draft:quant=int8"]
+    assert choice.method == f"draft:k={draft.k}:quant=int8" and draft.k > 2
+    assert draft.speedup == pytest.approx(max(draft.speedup_by_k.values()))
+    assert choice.predicted_speedup == pytest.approx(draft.speedup)
 
 
 def test_recommend_says_no_when_the_draft_is_too_expensive():
     verify = {k: 1.0 + 0.5 * k for k in range(1, 5)}
-    advice = recommend(1.0, verify, 0.0, 0.0, {"draft": (0.9, calibration([0.6] * 4)),
-                                                 "lookup": (0.0, calibration([], hit=0.0))}, 4)
-    assert advice["choice"] == {"proposer": "none", "k": 0, "predicted_speedup": 1.0}
-    assert "too expensive" in advice["proposers"]["draft"]["reason"]
-    assert advice["proposers"]["lookup"]["speedup"] is None
+    verdicts, choice = recommend(1.0, verify, 0.0, {Method("draft"): (0.9, calibration([0.6] * 4)),
+                                                    Method("lookup", ngram=3): (0.0, calibration([], hit=0.0))}, 4)
+    assert (choice.method, choice.predicted_speedup) == ("ar", 1.0)
+    assert "too expensive" in verdicts["draft"].reason
+    assert verdicts["lookup:ngram=3"].speedup is None
 
 
 def test_bandwidth_verdict():

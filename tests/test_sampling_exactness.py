@@ -109,7 +109,7 @@ def test_restricted_head_sampling_matches_target():
 def test_hybrid_sampling_matches_target():
     # the prompt repeats, so some rounds come from lookup (point mass) and some from the draft
     target, draft = make_pair(4)
-    hybrid = Hybrid(DraftModel(draft, 3), PromptLookup(3, max_ngram=2, min_ngram=2))
+    hybrid = Hybrid(DraftModel(draft, 3), PromptLookup(3, max_ngram=2))
     ps = pvalues(target, hybrid, CONFIGS["plain"])
     assert min(ps) > PASS, ps
 

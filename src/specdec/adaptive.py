@@ -14,10 +14,8 @@ flat stretch. The decision reads the draft's probabilities only, so sampling sta
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 from .costmodel import Costs
 from .errors import SpecdecError
@@ -27,6 +25,7 @@ from .errors import SpecdecError
 class PayRule:
     c_draft: float  # seconds per draft forward of one token
     c_verify: tuple[float, ...]  # C_V(0..k_max) in seconds; C_V(0) is one target step
+    # Built from an advise report by specdec.advice.Advice.pay_rule.
 
     def __post_init__(self) -> None:
         if self.c_draft < 0 or len(self.c_verify) < 2 or min(self.c_verify) <= 0:
@@ -35,22 +34,6 @@ class PayRule:
     @classmethod
     def from_costs(cls, costs: Costs, c_draft: float, k_max: int) -> PayRule:
         return cls(c_draft, tuple(costs.verify(k) for k in range(k_max + 1)))
-
-    @classmethod
-    def from_advice(cls, path: str | Path, int8: bool, k_max: int) -> PayRule:
-        """The cost terms of an advise report (`specdec advise --json` output or the JSON it
-        writes with --out); `int8` takes the int8 draft's cost."""
-        try:
-            report = json.loads(Path(path).read_text(encoding="utf-8"))
-            points = {int(k): float(v) for k, v in report["verify"].items()}
-            c_draft = report["c_draft_int8" if int8 else "c_draft"]
-            if c_draft is None:
-                raise SpecdecError(f"{path} has no int8 draft cost: run `specdec advise` on a CPU")
-            costs = Costs(report["c_target"], c_draft, points)
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            raise SpecdecError(f"cannot read cost terms from {path} ({e}): give the JSON report "
-                               "of `specdec advise --json` for this target and draft") from None
-        return cls.from_costs(costs, c_draft, k_max)
 
     @property
     def k_max(self) -> int:

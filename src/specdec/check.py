@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 import torch
@@ -50,10 +50,12 @@ class CheckResult:
 
 @dataclass
 class CheckPlan:
-    greedy_prompts: int = 4
-    greedy_tokens: int = 32
-    samples: int = 100
-    top_k: int = 3
+    # Fields with a help text are `specdec check` options too (cli.args.add_settings).
+    greedy_prompts: int = field(default=4, metadata={"flag": "--prompts",
+                                                     "help": "greedy prompts (built-in, several languages)"})
+    greedy_tokens: int = field(default=32, metadata={"flag": "--tokens", "help": "new tokens per greedy prompt"})
+    samples: int = field(default=100, metadata={"help": "sampled generations per context"})
+    top_k: int = field(default=3, metadata={"flag": "--sample-top-k", "help": "top-k for the sampling check (few cells)"})
     temperature: float = 1.0
 
 

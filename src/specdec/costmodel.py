@@ -3,10 +3,10 @@
 One round: the proposer guesses k tokens (k * C_D, or ~0 for n-gram lookup), the
 target scores them in one forward (C_V(k); C_V(0) = C_T(1), a plain decode step),
 the accepted prefix A (0..k) plus one target token is committed, so a round yields
-A + 1 tokens. On a rejection (A < k) the caches are trimmed at cost C_R; C_O is the
-per-round overhead. Hence
+A + 1 tokens. C_O is the per-round overhead (acceptance, commit, the cache trims after a
+rejection: measured, they are a small part of it). Hence
 
-    cost per token = (k*C_D + C_V(k) + P(A<k)*C_R + C_O) / E[A + 1]
+    cost per token = (k*C_D + C_V(k) + C_O) / E[A + 1]
     speedup        = (C_T(1) + baseline overhead) / cost per token
 
 Pure math (numpy/scipy, no torch) so the benchmark and the advisor can predict from
@@ -15,10 +15,9 @@ measured numbers without loading a model.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 from scipy.optimize import brentq
@@ -107,33 +106,19 @@ class Acceptance:
         """Tokens committed per round, E[A] + 1 (the target always adds one)."""
         return self.expected_accepted + 1.0
 
-    @property
-    def p_all_accepted(self) -> float:
-        """P(A = k) = prod r_j."""
-        return math.prod(self.rates)
-
-    @property
-    def p_reject(self) -> float:
-        """P(A < k among guessing rounds): the share of rounds that must trim the caches."""
-        return self.hit_rate * (1.0 - self.p_all_accepted)
-
-    def at_k(self, k: int, extend: Literal["last", "alpha"] = "last") -> Acceptance:
+    def at_k(self, k: int) -> Acceptance:
         """The rates to assume when proposing k tokens instead of the measured self.k.
 
         For k <= self.k the first k measured rates are used (a shorter guess sees the
         same first positions). For k > self.k the model has no data and must guess:
-        extend="last" repeats the last measured rate (later positions rarely do
-        better, so this tends to be optimistic); extend="alpha" repeats the i.i.d.
-        alpha fitted to the measured E[A] (see fit_alpha).
+        it repeats the last measured rate (later positions rarely do better, so this
+        tends to be optimistic).
         """
-        if extend not in ("last", "alpha"):
-            raise ValueError(f"extend must be 'last' or 'alpha', got {extend!r}")
         if k <= self.k:
             return Acceptance(self.rates[:k], self.hit_rate)
         if not self.rates:
             raise ValueError("cannot extrapolate acceptance measured at k=0")
-        fill = self.rates[-1] if extend == "last" else fit_alpha(self)
-        return Acceptance(self.rates + (fill,) * (k - self.k), self.hit_rate)
+        return Acceptance(self.rates + (self.rates[-1],) * (k - self.k), self.hit_rate)
 
 
 def fit_alpha(acceptance: Acceptance) -> float:
@@ -167,7 +152,6 @@ class Costs:
     c_target: float
     c_draft: float
     c_verify: Mapping[int, float] | Callable[[int], float]
-    c_repair: float = 0.0
     c_overhead: float = 0.0
     c_baseline_overhead: float = 0.0
     _points: tuple[np.ndarray, np.ndarray] | None = field(default=None, init=False, repr=False, compare=False)
@@ -175,7 +159,7 @@ class Costs:
     def __post_init__(self) -> None:
         if not self.c_target > 0:
             raise ValueError(f"c_target must be positive, got {self.c_target}")
-        scalars = (self.c_draft, self.c_repair, self.c_overhead, self.c_baseline_overhead)
+        scalars = (self.c_draft, self.c_overhead, self.c_baseline_overhead)
         if any(not c >= 0 for c in scalars):
             raise ValueError(f"costs must be non-negative, got {scalars}")
         if callable(self.c_verify):
@@ -198,19 +182,19 @@ class Costs:
         return float(ts[-1] + slope * (k - ks[-1]))
 
 
-def round_cost(costs: Costs, k: int, p_reject: float, hit_rate: float = 1.0) -> float:
-    """Expected seconds of one round: k*C_D + C_V(k) + P(A<k)*C_R + C_O, where a round
-    without a guess (probability 1 - hit_rate) verifies only the pending token, C_V(0)."""
+def round_cost(costs: Costs, k: int, hit_rate: float = 1.0) -> float:
+    """Expected seconds of one round: k*C_D + C_V(k) + C_O, where a round without a guess
+    (probability 1 - hit_rate) verifies only the pending token, C_V(0)."""
     verify = costs.verify(k)
     if hit_rate < 1.0:
         verify = hit_rate * verify + (1.0 - hit_rate) * costs.verify(0)
-    return k * costs.c_draft + verify + p_reject * costs.c_repair + costs.c_overhead
+    return k * costs.c_draft + verify + costs.c_overhead
 
 
 def cost_per_token(costs: Costs, acceptance: Acceptance, k: int) -> float:
     """Expected seconds per committed token when proposing k (acceptance.at_k(k) rates)."""
     acc = acceptance.at_k(k)
-    return round_cost(costs, k, acc.p_reject, acc.hit_rate) / acc.expected_tokens
+    return round_cost(costs, k, acc.hit_rate) / acc.expected_tokens
 
 
 def predicted_speedup(costs: Costs, acceptance: Acceptance, k: int) -> float:
@@ -221,7 +205,7 @@ def predicted_speedup(costs: Costs, acceptance: Acceptance, k: int) -> float:
 def break_even_alpha(costs: Costs, k: int) -> float | None:
     """The i.i.d. alpha at which speculating with k tokens exactly matches plain decoding.
 
-    Speedup rises with alpha (more tokens per round, fewer repairs), so the root is
+    Speedup rises with alpha (more tokens per round), so the root is
     unique. 0.0 if even alpha=0 pays: a round then still commits the target's token,
     so this happens only when the whole round costs less than a plain step (free
     proposer and a cheap verify). None if even alpha=1 does not pay.

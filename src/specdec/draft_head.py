@@ -16,9 +16,7 @@ from transformers import PreTrainedModel
 
 from .errors import SpecdecError
 from .forward import is_prepared
-
-# The attribute under which a restricted model carries the token id of each output row.
-HEAD_IDS = "specdec_head_ids"
+from .proposers.draft import HEAD_IDS
 
 
 def restrict_head(model: PreTrainedModel, keep: torch.Tensor) -> PreTrainedModel:
@@ -67,7 +65,7 @@ def frequent_tokens(token_lists: Iterable[list[int]], n: int, vocab_size: int,
 def bundled_text_tokens(tokenizer) -> list[list[int]]:
     """The bundled Spec-Bench prompts (13 task kinds, 480 prompts) as token lists: the real text
     on which the default frequencies are counted."""
-    from .bench.datasets import dataset_path, read_prompts
+    from .datasets import dataset_path, read_prompts
 
     return [tokenizer(p.text, add_special_tokens=False)["input_ids"]
             for p in read_prompts(dataset_path("spec-bench"))]
@@ -79,13 +77,3 @@ def restrict_to_frequent(model: PreTrainedModel, tokenizer, n: int) -> PreTraine
     keep = frequent_tokens(bundled_text_tokens(tokenizer), n, min(width, len(tokenizer)),
                            always=tokenizer.all_special_ids)
     return restrict_head(model, keep)
-
-
-def cheaper_draft(model: PreTrainedModel, tokenizer, vocab: int | None = None, int8: bool = False) -> PreTrainedModel:
-    """`model` with its head restricted to `vocab` frequent ids and/or int8 linear layers, in
-    place (restriction first: quantization replaces the head by an int8 one)."""
-    from .quantize import int8_draft
-
-    if vocab is not None:
-        restrict_to_frequent(model, tokenizer, vocab)
-    return int8_draft(model) if int8 else model

@@ -81,7 +81,7 @@ def generate(
     prompt = _prompt_tensor(input_ids, lm)
     if max_new_tokens < 1:
         raise SpecdecError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    eos = _eos_set(eos_token_id, lm.model)
+    eos = frozenset(eos_token_ids(lm.model) if eos_token_id is None else _as_ids(eos_token_id))
     generator = torch.Generator(device=lm.device)
     generator.manual_seed(seed if seed is not None else int(torch.seed()))
 
@@ -91,7 +91,8 @@ def generate(
     seq[: prompt.numel()] = prompt
     length = prompt.numel()
 
-    models = [lm, *_draft_models(drafter)]
+    draft_lm = _draft_lm(drafter)
+    models = [lm] if draft_lm is None else [lm, draft_lm]
 
     def commit(guesses: torch.Tensor, count: torch.Tensor, next_token: torch.Tensor) -> tuple[bool, int]:
         """Append the first `count` guesses and the target's token (up to max_new_tokens and
@@ -138,7 +139,7 @@ def generate(
                 drafter.rollback(length)
             stats.record_round(proposal.tokens.numel(), accepted)
             # A round that asked for no guesses (the last one) leaves the draft untouched.
-            _assert_caches(lm, drafter if k else None, length, check)
+            _assert_caches(lm, draft_lm if k else None, getattr(drafter, "may_lag", False), length, check)
             clock.lap("accept")
     except KeyboardInterrupt as interrupt:
         raise GenerationInterrupted(result("interrupted")) from interrupt
@@ -159,11 +160,11 @@ def _fetch(
     return tokens[:accepted] + tokens[-1:], accepted
 
 
-def _draft_models(drafter: Proposer | None) -> list[CausalLM]:
+def _draft_lm(drafter: Proposer | None) -> CausalLM | None:
     """The draft model behind a proposer (inside a hybrid or tree too), if it has one."""
     inner = getattr(drafter, "draft", drafter)
     draft_lm = getattr(inner, "lm", None)
-    return [draft_lm] if isinstance(draft_lm, CausalLM) else []
+    return draft_lm if isinstance(draft_lm, CausalLM) else None
 
 
 def _score(lm: CausalLM, pending: torch.Tensor, proposal: Proposal) -> torch.Tensor:
@@ -195,11 +196,13 @@ def _verify(rows: torch.Tensor, proposal: Proposal, cfg: SamplingConfig, generat
     return verify_sampling(rows, proposal.tokens, proposal.q, cfg, generator)
 
 
-def _assert_caches(lm: CausalLM, drafter: Proposer | None, length: int, check: bool) -> None:
+def _assert_caches(lm: CausalLM, draft_lm: CausalLM | None, may_lag: bool, length: int, check: bool) -> None:
+    """The cache convention (docs/design.md). A proposer that `may_lag` (the hybrid: its draft
+    is not called in lookup rounds) may leave its draft's cache further behind, never ahead."""
     if lm.length != length - 1:
         raise AssertionError(f"target cache holds {lm.length} positions, expected {length - 1}")
-    draft_lm = getattr(drafter, "lm", None)
-    if draft_lm is not None and not length - 2 <= draft_lm.length <= length - 1:
+    lowest = 0 if may_lag else length - 2
+    if draft_lm is not None and not lowest <= draft_lm.length <= length - 1:
         raise AssertionError(f"draft cache holds {draft_lm.length} positions, committed {length}")
     if check:
         for model in (lm, draft_lm) if draft_lm is not None else (lm,):
@@ -223,11 +226,11 @@ def _prompt_tensor(input_ids: torch.Tensor | Sequence[int], lm: CausalLM) -> tor
     return prompt
 
 
-def _eos_set(eos_token_id: int | Sequence[int] | None, model: PreTrainedModel) -> frozenset[int]:
-    if eos_token_id is None:
-        eos_token_id = getattr(model.generation_config, "eos_token_id", None)
-    if eos_token_id is None:
-        return frozenset()
-    if isinstance(eos_token_id, int):
-        return frozenset([eos_token_id])
-    return frozenset(int(t) for t in eos_token_id)
+def eos_token_ids(model: PreTrainedModel) -> tuple[int, ...]:
+    """The model's end-of-sequence ids from its generation config (generate's default)."""
+    eos = getattr(model.generation_config, "eos_token_id", None)
+    return () if eos is None else _as_ids(eos)
+
+
+def _as_ids(eos_token_id: int | Sequence[int]) -> tuple[int, ...]:
+    return (eos_token_id,) if isinstance(eos_token_id, int) else tuple(int(t) for t in eos_token_id)

@@ -9,11 +9,9 @@ n-gram lookup see what they would see in a user's long document, unlike random t
 
 from __future__ import annotations
 
-import json
-from importlib.resources import files
-
 from transformers import PreTrainedTokenizerBase
 
+from .datasets import dataset_path, read_prompts
 from .errors import SpecdecError
 
 QUESTION = "\n\nSummarize the last article above in three sentences."
@@ -22,9 +20,8 @@ _MARK = "\x00DOCUMENTS\x00"
 
 def articles() -> list[str]:
     """The bundled news articles, in file order."""
-    text = files("specdec").joinpath("data/spec_bench_question.jsonl").read_text(encoding="utf-8")
-    rows = [json.loads(line) for line in text.splitlines() if line.strip()]
-    return [r["turns"][0].removeprefix("Summarize: ") for r in rows if r["category"] == "summarization"]
+    prompts = read_prompts(dataset_path("spec-bench"))
+    return [p.text.removeprefix("Summarize: ") for p in prompts if p.category == "summarization"]
 
 
 def long_prompt(tokenizer: PreTrainedTokenizerBase, n_tokens: int, raw: bool = False) -> list[int]:

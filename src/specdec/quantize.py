@@ -31,3 +31,7 @@ def int8_draft(model: PreTrainedModel) -> PreTrainedModel:
         warnings.simplefilter("ignore", DeprecationWarning)
         torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8, inplace=True)
     return model
+
+
+# quant=NAME in a method spec (specdec.method) -> the function that quantizes a model in place.
+QUANTIZERS = {"int8": int8_draft}

@@ -7,7 +7,10 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
+# Where a generation's time goes: the prefill (up to the first new token), then the phases of
+# the decode rounds.
 PHASES = ("prefill", "propose", "verify", "accept", "other")
+DECODE_PHASES = PHASES[1:]
 
 
 @dataclass
@@ -49,9 +52,14 @@ class GenerationStats:
         """[i]: P(guess i+1 accepted | guesses 1..i accepted and guess i+1 proposed)."""
         return [a / j for a, j in zip(self.position_accepted, self.position_judged)]
 
+    @property
+    def decode_seconds(self) -> float:
+        """Time after the prefill: every decode round's phases."""
+        return decode_seconds(self.times)
+
     def finish(self, new_tokens: int) -> None:
         self.new_tokens = new_tokens
-        decode = sum(t for name, t in self.times.items() if name != "prefill")
+        decode = self.decode_seconds
         self.tokens_per_s = (new_tokens - 1) / decode if decode > 0 and new_tokens > 1 else 0.0
 
     def to_dict(self) -> dict:
@@ -62,6 +70,11 @@ class GenerationStats:
             position_acceptance=self.position_acceptance,
         )
         return d
+
+
+def decode_seconds(times: dict[str, float]) -> float:
+    """The decode part of a phase-time record (GenerationStats.times, or a bench row's times)."""
+    return sum(times.get(phase, 0.0) for phase in DECODE_PHASES)
 
 
 def _grow(counts: list[int], upto: int) -> None:

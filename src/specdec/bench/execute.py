@@ -9,7 +9,6 @@ target call (`round_tokens`), and forward hooks count the model calls.
 
 from __future__ import annotations
 
-import copy
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -19,15 +18,13 @@ import torch
 from transformers import GenerationConfig, PreTrainedModel
 from transformers.generation import BaseStreamer
 
-from ..adaptive import PayRule
-from ..draft_head import cheaper_draft
+from ..advice import Advice
+from ..build import Drafts, build_proposer
 from ..engine import generate
-from ..errors import SpecdecError
 from ..lm import CausalLM
-from ..proposers import DraftModel, Hybrid, PromptLookup, TreeDraft
+from ..machine import PeakMemory, synchronize
+from ..method import Method
 from ..sampling import SamplingConfig
-from .memory import PeakMemory
-from .methods import Method
 
 # Tokens of the discarded warm-up generation: enough to run prefill and a few rounds of every
 # code path (first calls pay for allocation and thread start-up), short enough to cost little.
@@ -39,32 +36,29 @@ class RunSettings:
     max_new_tokens: int
     sampling: SamplingConfig
     seed: int | None  # the seed of repeat r is seed + r; None: a fresh random seed every run
-    eos_token_ids: tuple[int, ...]  # passed explicitly to both engines so they stop alike
-
-
-def eos_token_ids(model: PreTrainedModel) -> tuple[int, ...]:
-    """The model's end-of-sequence ids from its generation config (the engine's default)."""
-    eos = getattr(model.generation_config, "eos_token_id", None)
-    if eos is None:
-        return ()
-    return (eos,) if isinstance(eos, int) else tuple(int(t) for t in eos)
+    eos_token_ids: tuple[int, ...]  # passed explicitly to both engines so they stop alike (engine.eos_token_ids)
 
 
 class Executor:
-    """Runs methods on one target (and optional draft) with fixed settings."""
+    """Runs methods on one target and the draft variants of `drafts`, with fixed settings."""
 
     def __init__(
-        self, target: PreTrainedModel, draft: PreTrainedModel | None, settings: RunSettings, memory: PeakMemory,
-        tokenizer=None, auto: Method | None = None, pay_rule: str | None = None,
+        self, target: PreTrainedModel, drafts: Drafts, settings: RunSettings, memory: PeakMemory,
+        auto: Method | None = None, advice: Advice | None = None,
     ):
-        """`tokenizer` (the target's) is needed only by methods with a vocab= option; `auto` is
-        the method the `auto` method stands for here (bench.methods.resolve_auto); `pay_rule`
-        is the advise report whose cost terms methods with pay=1 use (specdec.adaptive)."""
-        self.target, self.draft, self.settings, self.memory = target, draft, settings, memory
-        self.tokenizer, self.auto, self.pay_rule = tokenizer, auto, pay_rule
-        # Cheaper copies of the draft by (int8, vocab); plain draft methods keep the original.
-        self._variants: dict[tuple[bool, int | None], PreTrainedModel] = {(False, None): draft}
-        self._rules: dict[tuple[bool, int], PayRule] = {}  # by (int8, k), read once from pay_rule
+        """`auto` is the method the `auto` method stands for here (resolved by the caller);
+        `advice` gives the cost terms of methods with pay=1 (--pay-rule FILE)."""
+        self.target, self.drafts, self.settings, self.memory = target, drafts, settings, memory
+        self.auto, self.advice = auto, advice
+
+    def prepare(self, methods: list[Method]) -> None:
+        """Build the draft variants and pay rules the methods need now, so a bad option fails
+        before any run."""
+        resolved = [self._resolved(m) for m in methods]
+        self.drafts.prepare(resolved)
+        for m in resolved:
+            if m.pay:
+                build_proposer(m, self.drafts, self.advice)
 
     def run(self, method: Method, prompt_ids: list[int], repeat: int) -> dict:
         """The measurement fields of one row."""
@@ -78,22 +72,26 @@ class Executor:
         self._generate(method, prompt_ids, self.settings.seed, min(WARMUP_TOKENS, self.settings.max_new_tokens))
 
     def _generate(self, method: Method, prompt_ids: list[int], seed: int | None, max_new_tokens: int) -> dict:
+        method = self._resolved(method)
         if method.is_hf:
             return self._run_hf(method, prompt_ids, seed, max_new_tokens)
         return self._run_specdec(method, prompt_ids, seed, max_new_tokens)
 
+    def _resolved(self, method: Method) -> Method:
+        return self.auto if method.kind == "auto" else method
+
     def _run_specdec(self, method: Method, prompt_ids: list[int], seed: int | None, max_new_tokens: int) -> dict:
         s = self.settings.sampling
-        target = CausalLM(self.target, preallocate=not self._resolved(method).cat)
         result = generate(
-            target, prompt_ids, drafter=self._proposer(method), max_new_tokens=max_new_tokens,
+            CausalLM(self.target, preallocate=not method.cat), prompt_ids,
+            drafter=build_proposer(method, self.drafts, self.advice), max_new_tokens=max_new_tokens,
             temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, seed=seed,
             eos_token_id=list(self.settings.eos_token_ids),
         )
         st = result.stats
-        decode_s = sum(t for phase, t in st.times.items() if phase != "prefill")
         return {
-            **_common(result.new_tokens, result.finish_reason, st.times["prefill"], decode_s, len(result.new_tokens) - 1),
+            **_common(result.new_tokens, result.finish_reason, st.times["prefill"], st.decode_seconds,
+                      len(result.new_tokens) - 1),
             "times": dict(st.times),
             "rounds": st.rounds,
             "proposed": st.proposed,
@@ -107,47 +105,10 @@ class Executor:
             "draft_calls": st.draft_calls,
         }
 
-    def _resolved(self, method: Method) -> Method:
-        return self.auto if method.kind == "auto" else method
-
-    def _proposer(self, method: Method) -> DraftModel | PromptLookup | Hybrid | TreeDraft | None:
-        method = self._resolved(method)
-        if method.kind == "lookup":
-            return PromptLookup(method.k, max_ngram=method.ngram)
-        if not method.needs_draft:
-            return None
-        int8 = method.kind == "draft-int8"
-        rule = self._rule(int8, method.k) if method.pay else None
-        draft_lm = CausalLM(self._draft(int8, method.vocab), preallocate=not method.cat)
-        draft = DraftModel(draft_lm, method.k, (method.conf or 0) / 100, rule)
-        if method.kind == "hybrid":
-            return Hybrid(draft, PromptLookup(method.k, max_ngram=method.ngram))
-        return TreeDraft(draft, width=method.width) if method.width else draft
-
-    def prepare(self, methods: list[Method]) -> None:
-        """Build the draft variants the methods need now, so a bad option fails before any run."""
-        for m in map(self._resolved, methods):
-            if m.needs_draft and not m.is_hf:
-                self._draft(m.kind == "draft-int8", m.vocab)
-            if m.pay:
-                if not self.pay_rule:
-                    raise SpecdecError(f"method {m.label} needs --pay-rule FILE (the JSON of `specdec advise --json`)")
-                self._rule(m.kind == "draft-int8", m.k)
-
-    def _rule(self, int8: bool, k: int) -> PayRule:
-        if (int8, k) not in self._rules:
-            self._rules[int8, k] = PayRule.from_advice(self.pay_rule, int8, k)
-        return self._rules[int8, k]
-
-    def _draft(self, int8: bool, vocab: int | None) -> PreTrainedModel:
-        if (int8, vocab) not in self._variants:
-            self._variants[int8, vocab] = cheaper_draft(copy.deepcopy(self.draft), self.tokenizer, vocab, int8)
-        return self._variants[int8, vocab]
-
     def _run_hf(self, method: Method, prompt_ids: list[int], seed: int | None, max_new_tokens: int) -> dict:
         ids = torch.tensor([prompt_ids], dtype=torch.long, device=self.target.device)
         extra = self._hf_method_kwargs(method)
-        clock = _TokenClock(_synchronize(self.target.device))
+        clock = _TokenClock(lambda: synchronize(self.target.device))
         if seed is not None:
             torch.manual_seed(seed)
         draft = extra.get("assistant_model")
@@ -200,11 +161,12 @@ class Executor:
         # transformers (5.24) reads these from the assistant's own generation config, not from
         # generate()'s arguments; the confidence threshold (default 0.4) would end drafts early,
         # so it is switched off to propose exactly k tokens per round, as draft:k=K does.
-        cfg = self.draft.generation_config
+        draft = self.drafts.model(method.draft_variant)
+        cfg = draft.generation_config
         cfg.num_assistant_tokens = method.k
         cfg.num_assistant_tokens_schedule = "constant"
         cfg.assistant_confidence_threshold = 0.0
-        return {"assistant_model": self.draft}
+        return {"assistant_model": draft}
 
 
 def _common(new_tokens: list[int], finish: str, prefill_s: float, decode_s: float, decode_tokens: int) -> dict:
@@ -248,10 +210,6 @@ class _TokenClock(BaseStreamer):
         self._sync()
         end = time.perf_counter()
         self.prefill_s, self.decode_s = self._first - self._t0, end - self._first
-
-
-def _synchronize(device: torch.device):
-    return (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
 
 
 @contextmanager

@@ -10,9 +10,9 @@ from typing import Protocol
 
 from tqdm import tqdm
 
-from .datasets import Prompt
-from .methods import Method
-from .store import RowWriter, read_rows
+from ..datasets import Prompt
+from ..method import Method
+from ..store import RowWriter, read_rows
 
 
 class Executes(Protocol):

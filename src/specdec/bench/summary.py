@@ -11,11 +11,12 @@ from collections.abc import Callable
 import numpy as np
 
 from ..costmodel import Acceptance, Costs, prediction_error, predicted_speedup
+from ..method import Method, legacy, parse
+from ..stats import DECODE_PHASES
 
 BASELINE = "ar"
 BOOTSTRAP_RESAMPLES = 2000
 BOOTSTRAP_SEED = 0
-PHASES = ("propose", "verify", "accept", "other")  # the decode phases of specdec's rounds
 
 NOTES = {
     "tokens_per_s": "decode throughput of one run: tokens after the first chunk / time after it "
@@ -41,7 +42,7 @@ NOTES = {
     "which charges k*C_D a round, is fed the propose time per round / k, so methods whose rounds "
     "guess fewer than k (adaptive k, lookup without a match) are charged what they spent; C_V(k) = the method's "
     "verify time per round, measured at its mean block size (mean_block_size, which for lookup is "
-    "below k+1); C_R = 0 and C_O = accept+other time per round (trims are timed inside the accept "
+    "below k+1); C_O = accept+other time per round (trims are timed inside the accept "
     "phase); rates r_i over all rounds, a round proposing fewer than i tokens counting as a "
     "rejection at i, so E[tokens per round] equals the measured mean accepted length. Built this "
     "way the model reproduces the ratio of total throughputs; its error against the measured "
@@ -50,10 +51,17 @@ NOTES = {
 }
 
 
+def config_methods(config: dict) -> dict[str, Method]:
+    """A run's methods by the label its rows carry: full specs, or in configs written before
+    the one grammar, dicts (method.legacy)."""
+    return {m: parse(m) for m in config["methods"]} if all(isinstance(m, str) for m in config["methods"]) else {
+        m["label"]: legacy(m) for m in config["methods"]}
+
+
 def summarize(rows: list[dict], config: dict) -> dict:
     """The summary.json content for `rows` of a run with `config`."""
-    order = [m["label"] for m in config["methods"]]
-    methods = {m["label"]: m for m in config["methods"]}
+    methods = config_methods(config)
+    order = list(methods)
     greedy = config["sampling"]["temperature"] == 0
     categories = list(dict.fromkeys(r["category"] for r in rows))
     return {
@@ -66,7 +74,7 @@ def summarize(rows: list[dict], config: dict) -> dict:
     }
 
 
-def summarize_group(rows: list[dict], order: list[str], methods: dict[str, dict], greedy: bool) -> dict:
+def summarize_group(rows: list[dict], order: list[str], methods: dict[str, Method], greedy: bool) -> dict:
     by_method = defaultdict(list)
     for row in rows:
         by_method[row["method"]].append(row)
@@ -74,20 +82,19 @@ def summarize_group(rows: list[dict], order: list[str], methods: dict[str, dict]
     return {
         "n_prompts": len({r["prompt_id"] for r in rows}),
         "methods": {
-            label: summarize_method(by_method[label], methods[label], baseline, greedy)
+            label: summarize_method(by_method[label], label, methods[label], baseline, greedy)
             for label in order
             if by_method[label]
         },
     }
 
 
-def summarize_method(rows: list[dict], method: dict, baseline: list[dict], greedy: bool) -> dict:
-    is_baseline = method["label"] == BASELINE
+def summarize_method(rows: list[dict], label: str, method: Method, baseline: list[dict], greedy: bool) -> dict:
+    is_baseline = label == BASELINE
     speedup = None if is_baseline or not baseline else speedup_summary(paired_speedups(rows, baseline))
-    spec = method["kind"] in ("draft", "draft-int8", "lookup", "hybrid")
     return {
-        "kind": method["kind"],
-        "k": method.get("k"),
+        "kind": method.kind,
+        "k": method.k,
         "runs": len(rows),
         "tokens_per_s": quartiles([r["tokens_per_s"] for r in rows if r["tokens_per_s"]]),
         "prefill_s": quartiles([r["prefill_s"] for r in rows]),
@@ -96,7 +103,7 @@ def summarize_method(rows: list[dict], method: dict, baseline: list[dict], greed
         **acceptance_summary(rows),
         "time_per_token_s": time_per_token(rows),
         "greedy_equal": greedy_equality(rows, baseline) if greedy and baseline and not is_baseline else None,
-        "prediction": prediction(rows, baseline, method, speedup) if spec and speedup else None,
+        "prediction": prediction(rows, baseline, method, speedup) if method.speculative and speedup else None,
         "peak_memory_bytes": max(r["peak_memory_bytes"] for r in rows),
     }
 
@@ -198,7 +205,7 @@ def time_per_token(rows: list[dict]) -> dict | None:
     tokens = sum(r["decode_tokens"] for r in rows)
     if tokens <= 0:
         return None
-    phases = PHASES if "verify" in rows[0]["times"] else ()  # HF's decode is one undivided span
+    phases = DECODE_PHASES if "verify" in rows[0]["times"] else ()  # HF's decode is one undivided span
     split = {phase: _total(rows, phase) / tokens for phase in phases}
     return {**split, "decode": sum(r["decode_s"] for r in rows) / tokens}
 
@@ -221,13 +228,13 @@ def _draft_call_time(rows: list[dict]) -> float:
     return _total(rows, "propose") / decode_calls if decode_calls > 0 else 0.0
 
 
-def prediction(rows: list[dict], baseline: list[dict], method: dict, speedup: dict) -> dict | None:
+def prediction(rows: list[dict], baseline: list[dict], method: Method, speedup: dict) -> dict | None:
     """The cost model's speedup from this group's measured costs (see NOTES["prediction"])."""
     base_rounds = sum(r["rounds"] for r in baseline)
     rounds = sum(r["rounds"] for r in rows)
     if not base_rounds or not rounds:
         return None
-    k = method["k"]
+    k = method.k
     c_target = _total(baseline, "verify") / base_rounds
     if c_target <= 0:
         return None
@@ -235,12 +242,11 @@ def prediction(rows: list[dict], baseline: list[dict], method: dict, speedup: di
     # The model charges k * C_D a round; fed the propose time per round / k, it charges what the
     # rounds spent, also where they guess fewer than k. The C_D shown is per draft call.
     propose_per_slot = _total(rows, "propose") / (rounds * k)
-    c_draft = _draft_call_time(rows) if method["kind"] in ("draft", "draft-int8", "hybrid") else propose_per_slot
+    c_draft = _draft_call_time(rows) if method.uses_draft else propose_per_slot
     costs = Costs(
         c_target=c_target,
         c_draft=propose_per_slot,
         c_verify={k: c_verify},
-        c_repair=0.0,
         c_overhead=(_total(rows, "accept") + _total(rows, "other")) / rounds,
         c_baseline_overhead=sum(_total(baseline, p) for p in ("propose", "accept", "other")) / base_rounds,
     )
@@ -259,7 +265,6 @@ def prediction(rows: list[dict], baseline: list[dict], method: dict, speedup: di
             "c_draft": c_draft,
             "c_verify": c_verify,
             "mean_block_size": 1 + sum(r["proposed"] for r in rows) / rounds,
-            "c_repair": costs.c_repair,
             "c_overhead": costs.c_overhead,
             "c_baseline_overhead": costs.c_baseline_overhead,
             "rates": list(acceptance.rates),

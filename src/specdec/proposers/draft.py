@@ -5,12 +5,15 @@ from __future__ import annotations
 import torch
 from transformers import PreTrainedModel
 
-from ..errors import SpecdecError
 from ..adaptive import PayRule
-from ..draft_head import HEAD_IDS
+from ..errors import SpecdecError
 from ..lm import CausalLM
 from ..sampling import SamplingConfig, draw, probs
 from .base import Proposal
+
+# A draft whose output layer scores only some token ids (specdec.draft_head makes one) carries
+# those ids, sorted, as this attribute of the model: its row i scores token HEAD_IDS[i].
+HEAD_IDS = "specdec_head_ids"
 
 
 class DraftModel:

@@ -16,17 +16,19 @@ class Hybrid:
     proposal feeds the tokens it missed in one block. Lossless like either part: the engine
     verifies whichever proposal comes, with the distribution it was drawn from."""
 
+    # The engine's per-round cache assertion: the draft may lag the committed sequence by more
+    # than a DraftModel's one or two positions (never run ahead of it).
+    may_lag = True
+
     def __init__(self, draft: DraftModel, lookup: PromptLookup):
         self.draft, self.lookup = draft, lookup
         self.k = draft.k
-        self.lookup_rounds = 0  # rounds served by lookup, for the stats of a run
 
     @property
     def calls(self) -> int:
         return self.draft.calls
 
     def begin(self, prompt: torch.Tensor, vocab_size: int, reuse: bool = False) -> None:
-        self.lookup_rounds = 0
         self.draft.begin(prompt, vocab_size, reuse)
         self.lookup.begin(prompt, vocab_size, reuse)
 
@@ -35,7 +37,6 @@ class Hybrid:
     ) -> Proposal:
         found = self.lookup.propose(seq, k, cfg, generator)
         if found.tokens.numel():
-            self.lookup_rounds += 1
             return found
         return self.draft.propose(seq, k, cfg, generator)
 

@@ -15,12 +15,12 @@ class PromptLookup:
 
     calls = 0
 
-    def __init__(self, k: int = 8, max_ngram: int = 3, min_ngram: int = 1):
+    def __init__(self, k: int = 8, max_ngram: int = 3):
         if k < 1:
             raise SpecdecError(f"k must be >= 1, got {k}")
-        if not 1 <= min_ngram <= max_ngram:
-            raise SpecdecError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
-        self.k, self.max_ngram, self.min_ngram = k, max_ngram, min_ngram
+        if max_ngram < 1:
+            raise SpecdecError(f"max_ngram must be >= 1, got {max_ngram}")
+        self.k, self.max_ngram = k, max_ngram
 
     def begin(self, prompt: torch.Tensor, vocab_size: int, reuse: bool = False) -> None:
         pass
@@ -28,7 +28,7 @@ class PromptLookup:
     def propose(
         self, seq: torch.Tensor, k: int, cfg: SamplingConfig, generator: torch.Generator | None
     ) -> Proposal:
-        for n in range(min(self.max_ngram, seq.numel() - 1), self.min_ngram - 1, -1):
+        for n in range(min(self.max_ngram, seq.numel() - 1), 0, -1):
             continuation = self._continuation(seq, n, k)
             if continuation.numel():
                 return Proposal(continuation)

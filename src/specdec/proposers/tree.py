@@ -20,31 +20,15 @@ class TreeDraft:
     first, and they are deterministic (point-mass) candidates fixed by the draft's logits and
     the chain token, which keeps sampling exact (see verify_tree).
 
-    With `branch_below` < 1 a depth gets alternatives only where the draft's top probability is
-    below it (where the draft is sure, leaves are rarely accepted and only widen the block);
-    1.0 branches at every depth.
-    `min_confidence` (default: the draft's) stops the chain early as DraftModel's adaptive k.
+    The draft's k and min_confidence (adaptive k: the chain stops after a guess below it) hold
+    for the chain; its pay rule does not (specdec.method refuses pay=1 with a width).
     """
 
-    def __init__(
-        self,
-        draft: DraftModel,
-        k: int | None = None,
-        width: int = 2,
-        branch_below: float = 1.0,
-        min_confidence: float | None = None,
-    ):
-        self.k = draft.k if k is None else k
-        if self.k < 1:
-            raise SpecdecError(f"k must be >= 1, got {self.k}")
+    def __init__(self, draft: DraftModel, width: int = 2):
         if width < 1:
             raise SpecdecError(f"width must be >= 1, got {width}")
-        if not 0.0 < branch_below <= 1.0:
-            raise SpecdecError(f"branch_below must lie in (0, 1], got {branch_below}")
-        self.min_confidence = draft.min_confidence if min_confidence is None else min_confidence
-        if not 0.0 <= self.min_confidence < 1.0:
-            raise SpecdecError(f"min_confidence must lie in [0, 1), got {self.min_confidence}")
-        self.draft, self.width, self.branch_below = draft, width, branch_below
+        self.k, self.min_confidence = draft.k, draft.min_confidence
+        self.draft, self.width = draft, width
 
     @property
     def lm(self) -> CausalLM:
@@ -68,7 +52,7 @@ class TreeDraft:
         chain, qs, alternatives = [], [], []  # alternatives: (depth, token)
         # The draft's top probability decides only where a threshold is set; reading it is a
         # softmax over the vocabulary and a host sync, so skip it otherwise (1.0 = sure).
-        gated = self.branch_below < 1.0 or self.min_confidence > 0.0
+        gated = self.min_confidence > 0.0
         for depth in range(k):
             if cfg.greedy:
                 token = logits.argmax(-1, keepdim=True)
@@ -78,8 +62,7 @@ class TreeDraft:
                 token = draw(qs[-1], generator)
                 confidence = float(qs[-1].max()) if gated else 1.0
             chain.append(token)
-            if self.branch_below >= 1.0 or confidence < self.branch_below:
-                alternatives += [(depth, t) for t in self._alternatives(logits, int(token))]
+            alternatives += [(depth, t) for t in self._alternatives(logits, int(token))]
             if depth + 1 == k or confidence < self.min_confidence:
                 break
             logits = self.draft.next_logits(token)

@@ -9,11 +9,14 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from ..errors import SpecdecError
+from .errors import SpecdecError
 
 CONFIG = "config.json"
 RESULTS = "results.jsonl"
 SUMMARY = "summary.json"
+# Facts of a config's "environment" (machine.environment) that describe when a run started, not
+# what makes its rows comparable: --resume does not compare them.
+VOLATILE = ("date", "git_commit", "git_dirty")
 
 
 def check_out_dir(out: Path, config: dict, resume: bool) -> None:
@@ -24,7 +27,7 @@ def check_out_dir(out: Path, config: dict, resume: bool) -> None:
     if existing and CONFIG not in existing:
         raise SpecdecError(f"--out {out} holds files but no {CONFIG}: it is not a specdec bench or sweep folder")
     if existing:
-        stored, current = read_json(out / CONFIG), _as_json(config)
+        stored, current = _comparable(read_json(out / CONFIG)), _comparable(_as_json(config))
         differing = sorted(k for k in {*stored, *current} if stored.get(k) != current.get(k))
         if differing:
             raise SpecdecError(
@@ -32,6 +35,13 @@ def check_out_dir(out: Path, config: dict, resume: bool) -> None:
                 f"results that cannot be compared; use another --out"
             )
     _probe_writable(out)
+
+
+def _comparable(config: dict) -> dict:
+    environment = config.get("environment")
+    if not isinstance(environment, dict):
+        return config
+    return {**config, "environment": {k: v for k, v in environment.items() if k not in VOLATILE}}
 
 
 def _as_json(value: dict) -> dict:

@@ -10,12 +10,27 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg  # files only: no display needed
 from matplotlib.figure import Figure
 
-from .bench.store import write_atomic, write_text_atomic
+from ..errors import SpecdecError
+
+from ..fmt import ms, num, pct, table
+from ..stats import DECODE_PHASES
+from ..store import CONFIG, RESULTS, SUMMARY, read_json, read_rows, write_atomic, write_json_atomic, write_text_atomic
+from .summary import summarize
 
 REPORT = "report.md"
-TIME_PARTS = ("propose", "verify", "accept", "other")
 HF_DECODE = "decode (HF, not split)"
 ROUGH_BELOW = 10  # prompts: with fewer, resamples take few distinct values and the interval means little
+
+
+def report_folder(out: Path) -> dict:
+    """summary.json (written atomically) and report.md from the folder's rows; returns the summary."""
+    rows = read_rows(out)
+    if not rows:
+        raise SpecdecError(f"{out / RESULTS} has no finished rows yet: nothing to summarise")
+    summary = summarize(rows, read_json(out / CONFIG))
+    write_json_atomic(out / SUMMARY, summary)
+    write_report(summary, out)
+    return summary
 
 
 def write_report(summary: dict, out: Path) -> Path:
@@ -71,6 +86,7 @@ def _header(config: dict) -> list[str]:
         + (f" (head of {config['draft_vocab']} token ids for every draft method)" if config.get("draft_vocab") else ""),
         f"- {config['dtype']} on {config['device']} ({env['device_name']}, {env['threads']} threads); "
         f"torch {env['torch']}, transformers {env['transformers']}",
+        *_provenance(env),
         f"- dataset **{config['dataset']['name']}** ({chosen}; {len(config['prompt_ids'])} prompts), "
         f"{'raw prompts' if config['raw'] else 'chat template applied where the tokenizer has one'}",
         f"- up to {config['max_new_tokens']} new tokens, {sampling}, {config['repeats']} repeat(s), "
@@ -79,47 +95,46 @@ def _header(config: dict) -> list[str]:
     ]
 
 
+def _provenance(env: dict) -> list[str]:
+    """Where and when the run started (configs written since machine.environment record it)."""
+    if "date" not in env:
+        return []
+    commit = (env["git_commit"] or "unknown")[:12] + (" with uncommitted changes" if env["git_dirty"] else "")
+    return [f"- started {env['date']} at commit {commit}; bf16 {'native' if env['native_bf16'] else 'emulated'} "
+            f"on this CPU ({', '.join(f for f, on in env['cpu_flags'].items() if on) or 'no listed flags'})"]
+
+
+TABLE_HEAD = ["method", "tok/s median [q1, q3]", "speedup median [95% CI]", "geomean [95% CI]",
+              "mean accepted length", "acceptance", "predicted (error)", "prefill s", "peak MiB"]
+PREDICTION_HEAD = ["method", "C_T(1)", "C_D", "C_V(k)", "mean block", "C_O", "ar overhead", "rates",
+                   "E[tokens/round]", "predicted", "measured", "error"]
+
+
 def _table(title: str, group: dict) -> list[str]:
-    head = ("| method | tok/s median [q1, q3] | speedup median [95% CI] | geomean [95% CI] | "
-            "mean accepted length | acceptance | predicted (error) | prefill s | peak MiB |")
-    rows = [f"## {title} ({group['n_prompts']} prompts)", ""]
+    lines = [f"## {title} ({group['n_prompts']} prompts)", ""]
     if group["n_prompts"] < ROUGH_BELOW:
-        rows += [f"Fewer than {ROUGH_BELOW} prompts: the bootstrap intervals are rough.", ""]
-    rows += [head, "|" + "---|" * 9]
-    for label, m in group["methods"].items():
-        rows.append("| " + " | ".join([
-            f"`{label}`",
-            _quartiles(m["tokens_per_s"]),
-            _interval(m["speedup"], "median", "ci95_median"),
-            _interval(m["speedup"], "geomean", "ci95_geomean"),
-            _num(m["mean_accepted_length"]),
-            _pct(m["acceptance_rate"]),
-            _predicted(m["prediction"]),
-            _num(m["prefill_s"]["median"]),
-            f"{m['peak_memory_bytes'] / 2**20:.0f}",
-        ]) + " |")
-    return rows + [""]
+        lines += [f"Fewer than {ROUGH_BELOW} prompts: the bootstrap intervals are rough.", ""]
+    rows = [[
+        f"`{label}`", _quartiles(m["tokens_per_s"]), _interval(m["speedup"], "median", "ci95_median"),
+        _interval(m["speedup"], "geomean", "ci95_geomean"), num(m["mean_accepted_length"]), pct(m["acceptance_rate"]),
+        _predicted(m["prediction"]), num(m["prefill_s"]["median"]), f"{m['peak_memory_bytes'] / 2**20:.0f}",
+    ] for label, m in group["methods"].items()]
+    return lines + table(TABLE_HEAD, rows) + [""]
 
 
 def _prediction_table(group: dict) -> list[str]:
     preds = {label: m["prediction"] for label, m in group["methods"].items() if m["prediction"]}
     if not preds:
         return []
-    rows = [
-        "## Cost model inputs (overall, milliseconds)", "",
-        "| method | C_T(1) | C_D | C_V(k) | mean block | C_O | ar overhead | rates | E[tokens/round] | "
-        "predicted | measured | error |",
-        "|" + "---|" * 12,
-    ]
-    for label, p in preds.items():
-        i = p["inputs"]
-        rows.append("| " + " | ".join([
-            f"`{label}`", _ms(i["c_target"]), _ms(i["c_draft"]), _ms(i["c_verify"]), _num(i["mean_block_size"]),
-            _ms(i["c_overhead"]), _ms(i["c_baseline_overhead"]), ", ".join(f"{r:.2f}" for r in i["rates"]),
-            _num(i["expected_tokens_per_round"]), _num(p["predicted_speedup"]), _num(p["measured_speedup"]),
-            f"{100 * p['relative_error']:+.1f}%",
-        ]) + " |")
-    return rows + [""]
+    rows = [_prediction_row(label, p, p["inputs"]) for label, p in preds.items()]
+    return ["## Cost model inputs (overall, milliseconds)", ""] + table(PREDICTION_HEAD, rows) + [""]
+
+
+def _prediction_row(label: str, p: dict, i: dict) -> list[str]:
+    return [f"`{label}`", ms(i["c_target"]), ms(i["c_draft"]), ms(i["c_verify"]), num(i["mean_block_size"]),
+            ms(i["c_overhead"]), ms(i["c_baseline_overhead"]), ", ".join(f"{r:.2f}" for r in i["rates"]),
+            num(i["expected_tokens_per_round"]), num(p["predicted_speedup"]), num(p["measured_speedup"]),
+            f"{100 * p['relative_error']:+.1f}%"]
 
 
 def _equality_section(group: dict) -> list[str]:
@@ -145,18 +160,6 @@ def _interval(s: dict | None, centre: str, ci: str) -> str:
 
 def _predicted(p: dict | None) -> str:
     return "-" if p is None else f"{p['predicted_speedup']:.2f} ({100 * p['relative_error']:+.1f}%)"
-
-
-def _num(x: float | None) -> str:
-    return "-" if x is None else f"{x:.2f}"
-
-
-def _pct(x: float | None) -> str:
-    return "-" if x is None else f"{100 * x:.0f}%"
-
-
-def _ms(x: float) -> str:
-    return f"{1000 * x:.1f}"
 
 
 def plot_speedup(fig: Figure, summary: dict) -> bool:
@@ -226,7 +229,7 @@ def plot_time_breakdown(fig: Figure, summary: dict) -> bool:
     x = np.arange(len(methods))
     bottom = np.zeros(len(methods))
     stacks = [_time_parts(m["time_per_token_s"]) for m in methods.values()]
-    for part in (*TIME_PARTS, HF_DECODE):
+    for part in (*DECODE_PHASES, HF_DECODE):
         ms = np.array([1000 * stack.get(part, 0.0) for stack in stacks])
         if ms.any():
             decode.bar(x, ms, bottom=bottom, label=part, hatch="//" if part == HF_DECODE else None)
@@ -242,4 +245,4 @@ def plot_time_breakdown(fig: Figure, summary: dict) -> bool:
 
 def _time_parts(per_token: dict) -> dict:
     # HF methods have one undivided decode span; specdec's splits into its round phases.
-    return {p: per_token[p] for p in TIME_PARTS} if "verify" in per_token else {HF_DECODE: per_token["decode"]}
+    return {p: per_token[p] for p in DECODE_PHASES} if "verify" in per_token else {HF_DECODE: per_token["decode"]}

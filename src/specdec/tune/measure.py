@@ -8,7 +8,6 @@ resists the odd slow call (page faults, another process waking up).
 
 from __future__ import annotations
 
-import platform
 import statistics
 import time
 from collections.abc import Iterable
@@ -17,8 +16,10 @@ from dataclasses import dataclass
 import torch
 from transformers import PreTrainedModel
 
-from .costmodel import kv_cache_bytes_for_config
-from .lm import CausalLM
+from ..costmodel import kv_cache_bytes_for_config
+from ..forward import PackedLinear
+from ..lm import CausalLM
+from ..machine import synchronize
 
 
 @dataclass(frozen=True)
@@ -52,10 +53,10 @@ def time_blocks(lm: CausalLM, rows: Iterable[int], repeats: int) -> dict[int, fl
     for _ in range(repeats + 1):
         for n in sizes:
             block = torch.arange(n, device=lm.device) % 1000 + 10
-            _sync(lm.device)
+            synchronize(lm.device)
             start = time.perf_counter()
             lm.forward(block)
-            _sync(lm.device)
+            synchronize(lm.device)
             times[n].append(time.perf_counter() - start)
             lm.cache.trim(base)
     return {n: statistics.median(t[1:]) for n, t in times.items()}
@@ -77,17 +78,25 @@ def copy_bandwidth(megabytes: int = 512, repeats: int = 5, device: str | torch.d
     dst = torch.empty_like(src)
     times = []
     for _ in range(repeats + 1):
-        _sync(src.device)
+        synchronize(src.device)
         start = time.perf_counter()
         dst.copy_(src)
-        _sync(src.device)
+        synchronize(src.device)
         times.append(time.perf_counter() - start)
     return 2 * src.numel() * 4 / statistics.median(times[1:])
 
 
 def weight_bytes(model: PreTrainedModel) -> int:
-    """Bytes of all parameters (a decode step reads each once)."""
-    return sum(p.numel() * p.element_size() for p in model.parameters())
+    """Bytes of all weights (a decode step reads each once): the parameters, and the weights that
+    specdec's packed linear layers (specdec.forward) and torch's dynamic int8 ones hold outside
+    them, as buffers or opaque packed tensors."""
+    total = sum(p.numel() * p.element_size() for p in model.parameters())
+    for module in model.modules():
+        if isinstance(module, PackedLinear):
+            total += module.weight_bytes()
+        elif isinstance(module, torch.ao.nn.quantized.dynamic.Linear):
+            total += sum(t.numel() * t.element_size() for t in (module.weight(), module.bias()) if t is not None)
+    return total
 
 
 def kv_bytes(model: PreTrainedModel, context: int) -> int:
@@ -110,19 +119,3 @@ def measured_kv_bytes(lm: CausalLM, allocated: bool = False) -> int:
 def decode_bytes(model: PreTrainedModel, context: int) -> int:
     """Bytes one decode step must read at least: the weights and the KV cache of the context."""
     return weight_bytes(model) + kv_bytes(model, context)
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def device_name(device: str) -> str:
-    """The GPU's name, or the processor's model name from /proc/cpuinfo."""
-    if device.startswith("cuda"):
-        return torch.cuda.get_device_name(torch.device(device))
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        return platform.processor() or platform.machine()

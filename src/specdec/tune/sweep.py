@@ -15,49 +15,57 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from .advise import Calibration
-from .costmodel import Costs, predicted_speedup, prediction_error
+from ..costmodel import Costs, predicted_speedup, prediction_error
+from ..errors import SpecdecError
+from ..fmt import table
+from ..method import Method
+from .calibration import Calibration
 
 
 @dataclass(frozen=True)
 class SweepSettings:
     contexts: tuple[int, ...] = (2048, 4096, 8192)
-    methods: tuple[str, ...] = ("draft:k=2", "lookup:k=2")
-    tokens: int = 32
-    repeats: int = 2
+    methods: tuple[Method, ...] = ()  # draft and lookup methods (specdec.method)
+    # Fields with a help text are `specdec sweep` options too (cli.args.add_settings), each >= 1.
+    tokens: int = field(default=32, metadata={"help": "new tokens per generation (at least 2: the first comes "
+                                                      "from the prefill)"})
+    repeats: int = field(default=2, metadata={"help": "generations per method and context (after a warm-up)"})
     ks: tuple[int, ...] = (1, 2, 3, 4, 6, 8, 12, 16)
     timing_repeats: int = 3
 
 
-def parse_method(spec: str) -> tuple[str, int]:
-    """'draft:k=2' -> ('draft', 2); the proposer kinds of the engine."""
-    from .errors import SpecdecError
+def check_methods(methods: list[Method]) -> None:
+    """The sweep runs every method on one prefilled target cache and predicts each from the
+    timed k-token terms: plain draft and lookup methods only."""
+    for m in methods:
+        extra = [o for o in ("conf", "pay", "width", "cat") if getattr(m, o)]
+        if m.kind not in ("draft", "lookup") or extra:
+            raise SpecdecError(f"sweep runs draft:k=K[:quant=Q][:vocab=N] and lookup:k=K[:ngram=N] methods, "
+                               f"not {m.label}")
 
-    name, _, opt = spec.partition(":k=")
-    if name not in ("draft", "lookup") or not opt.isdigit() or int(opt) < 1:
-        raise SpecdecError(f"sweep methods look like draft:k=2 or lookup:k=4, got {spec!r}")
-    return name, int(opt)
 
-
-def sweep_context(target, draft, tokenizer, n: int, settings: SweepSettings,
+def sweep_context(target, drafts, tokenizer, n: int, settings: SweepSettings,
                   progress: Callable[[str], None] = lambda _: None) -> dict:
-    """Everything measured at one context length, as a JSON-ready row."""
+    """Everything measured at one context length, as a JSON-ready row. `drafts`
+    (specdec.build.Drafts, reuse_caches=True) holds one cache per draft variant, so each is
+    prefilled once and every method's generations reuse it."""
     import torch
 
-    from .bench.memory import PeakMemory
-    from .engine import generate
-    from .lm import CausalLM
-    from .longprompt import long_prompt
+    from ..build import build_proposer
+    from ..engine import generate
+    from ..lm import CausalLM
+    from ..longprompt import long_prompt
+    from ..machine import PeakMemory
     from .measure import kv_bytes, measure_model, measured_kv_bytes
-    from .proposers import DraftModel, PromptLookup
 
     memory = PeakMemory(target.device)
     memory.reset()
     ids = torch.tensor(long_prompt(tokenizer, n), device=target.device)
-    lms = {"target": CausalLM(target)} | ({"draft": CausalLM(draft)} if draft is not None else {})
+    draft_methods = {m.family().label: m for m in settings.methods if m.uses_draft}
+    lms = {"target": CausalLM(target)} | {name: drafts.lm(m) for name, m in draft_methods.items()}
     prefill = {}
     for name, lm in lms.items():
         progress(f"{n}: prefill {name}")
@@ -67,38 +75,33 @@ def sweep_context(target, draft, tokenizer, n: int, settings: SweepSettings,
     kv = {name: {"formula": kv_bytes(lm.model, n), "measured": measured_kv_bytes(lm),
                  "allocated": measured_kv_bytes(lm, allocated=True)} for name, lm in lms.items()}
     progress(f"{n}: timing C_T, C_V(k), C_D")
-    ks = sorted({*settings.ks, *(parse_method(m)[1] for m in settings.methods)})  # every method's k is timed
+    ks = sorted({*settings.ks, *(m.k for m in settings.methods)})  # every method's k is timed
     t_costs = measure_model(lms["target"], ids, [k + 1 for k in ks], settings.timing_repeats)
-    d_costs = measure_model(lms["draft"], ids, [1], settings.timing_repeats) if draft is not None else None
+    c_draft = {name: measure_model(lms[name], ids, [1], settings.timing_repeats).step for name in draft_methods}
 
-    def proposer(spec: str):
-        name, k = parse_method(spec)
-        return DraftModel(lms["draft"], k) if name == "draft" else PromptLookup(k)
-
-    runs: dict[str, list] = {m: [] for m in ("ar", *settings.methods)}
+    runs: dict[Method, list] = {Method("ar"): [], **{m: [] for m in settings.methods}}
     for repeat in range(settings.repeats + 1):  # repeat 0 is a short warm-up, discarded
         for method in runs:
-            progress(f"{n}: {method} (repeat {repeat}/{settings.repeats})")
-            result = generate(lms["target"], ids, drafter=None if method == "ar" else proposer(method),
-                              max_new_tokens=settings.tokens if repeat else 4, eos_token_id=[],
-                              reuse_prefix=True)
+            progress(f"{n}: {method.label} (repeat {repeat}/{settings.repeats})")
+            result = generate(lms["target"], ids, drafter=build_proposer(method, drafts),
+                              max_new_tokens=settings.tokens if repeat else 4, eos_token_id=[], reuse_prefix=True)
             if repeat:
                 runs[method].append(result)
     row = {
         "context": n, "prefill_s": prefill, "kv_bytes": kv,
-        "c_target": t_costs.step, "c_draft": d_costs.step if d_costs else None,
+        "c_target": t_costs.step, "c_draft": c_draft,  # by draft variant (Method.family)
         "verify": {str(k): t_costs.verify(k) for k in ks},  # str: as JSON reads it back
-        "methods": _method_summaries(runs, t_costs, d_costs, ks),
+        "methods": _method_summaries(runs, t_costs, c_draft, ks),
     }
     row["peak_memory_bytes"] = memory.read()
     row["peak_memory_kind"] = memory.kind
     return row
 
 
-def _method_summaries(runs: dict[str, list], t_costs, d_costs, ks) -> dict:
+def _method_summaries(runs: dict[Method, list], t_costs, c_draft: dict[str, float], ks) -> dict:
     """Measured tok/s, paired speedup over ar (medians over repeats), acceptance, prediction."""
-    ar = runs["ar"]
-    per_token = lambda r: sum(t for p, t in r.stats.times.items() if p != "prefill") / (r.stats.new_tokens - 1)
+    ar = runs[Method("ar")]
+    per_token = lambda r: r.stats.decode_seconds / (r.stats.new_tokens - 1)
     ar_cal = Calibration.from_stats([r.stats for r in ar])
     out = {}
     for method, results in runs.items():
@@ -109,33 +112,33 @@ def _method_summaries(runs: dict[str, list], t_costs, d_costs, ks) -> dict:
             "speedup": statistics.median(speedups),
             "equal_to_ar": all(r.new_tokens == a.new_tokens for a, r in zip(ar, results)),
         }
-        if method != "ar":
-            name, k = parse_method(method)
-            c_draft = d_costs.step if name == "draft" else 0.0
-            overhead = cal.overhead_per_round + (cal.propose_per_round if name == "lookup" else 0.0)
-            costs = Costs(t_costs.step, c_draft, {q: t_costs.verify(q) for q in ks}, 0.0, overhead,
-                          ar_cal.overhead_per_round)
-            predicted = predicted_speedup(costs, cal.acceptance, k)
+        if method.speculative:
+            drafting = method.uses_draft
+            overhead = cal.overhead_per_round + (0.0 if drafting else cal.propose_per_round)
+            costs = Costs(t_costs.step, c_draft[method.family().label] if drafting else 0.0,
+                          {q: t_costs.verify(q) for q in ks}, overhead, ar_cal.overhead_per_round)
+            predicted = predicted_speedup(costs, cal.acceptance, method.k)
             entry |= {
                 "mean_accepted_length": statistics.mean(r.stats.mean_accepted_length for r in results),
                 "acceptance_rate": cal.acceptance_rate, "position_acceptance": list(cal.acceptance.rates),
-                "hit_rate": cal.acceptance.hit_rate, "expected_tokens": cal.acceptance.at_k(k).expected_tokens,
+                "hit_rate": cal.acceptance.hit_rate, "expected_tokens": cal.acceptance.at_k(method.k).expected_tokens,
                 "predicted_speedup": predicted, "prediction_error": prediction_error(predicted, entry["speedup"]),
             }
-        out[method] = entry
+        out[method.label] = entry
     return out
 
 
-def render_table(rows: list[dict]) -> str:
+def render_table(rows_in: list[dict]) -> str:
     """Markdown table: one line per context."""
-    methods = [m for m in rows[0]["methods"] if m != "ar"] if rows else []
+    methods = [m for m in rows_in[0]["methods"] if m != "ar"] if rows_in else []
     head = ["context", "C_T ms", "ar step ms (in generation)", "C_D ms", "C_V(2) ms", "C_V(4) ms", "ar tok/s",
             *[f"{m}: speedup (predicted), E[L], acceptance" for m in methods], "KV target+draft MiB", "peak GiB"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for r in rows:
-        ms = lambda x: "-" if x is None else f"{1e3 * x:.0f}"
+    ms = lambda x: "-" if x is None else f"{1e3 * x:.0f}"
+    rows = []
+    for r in rows_in:
         ar = r["methods"]["ar"]["tokens_per_s"]
-        cells = [str(r["context"]), ms(r["c_target"]), ms(1 / ar), ms(r["c_draft"]), ms(r["verify"].get("2")),
+        drafts = " / ".join(f"{ms(c)} ({name})" for name, c in r["c_draft"].items()) or "-"
+        cells = [str(r["context"]), ms(r["c_target"]), ms(1 / ar), drafts, ms(r["verify"].get("2")),
                  ms(r["verify"].get("4")), f"{ar:.2f}"]
         for m in methods:
             e = r["methods"][m]
@@ -143,9 +146,8 @@ def render_table(rows: list[dict]) -> str:
             cells.append(f"{e['speedup']:.2f}x ({e['predicted_speedup']:.2f}x), {e['mean_accepted_length']:.2f}, "
                          f"{100 * e['acceptance_rate']:.0f}%{eq}")
         kv = sum(v["measured"] for v in r["kv_bytes"].values()) / 2**20
-        cells += [f"{kv:.0f}", f"{r['peak_memory_bytes'] / 2**30:.2f}"]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+        rows.append(cells + [f"{kv:.0f}", f"{r['peak_memory_bytes'] / 2**30:.2f}"])
+    return "\n".join(table(head, rows))
 
 
 def plot(rows: list[dict], path: Path) -> None:
@@ -158,8 +160,8 @@ def plot(rows: list[dict], path: Path) -> None:
     FigureCanvasAgg(fig)
     left, right = fig.subplots(1, 2)
     left.plot(xs, [1e3 * r["c_target"] for r in rows], "o-", label="C_T(1) target step")
-    if rows[0]["c_draft"] is not None:
-        left.plot(xs, [1e3 * r["c_draft"] for r in rows], "o-", label="C_D draft step")
+    for name in rows[0]["c_draft"]:
+        left.plot(xs, [1e3 * r["c_draft"][name] for r in rows], "o-", label=f"C_D {name} step")
     for k in ("2", "4", "8"):
         if k in rows[0]["verify"]:
             left.plot(xs, [1e3 * r["verify"][k] for r in rows], "o--", label=f"C_V({k})")

@@ -10,7 +10,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import SpecdecError
+from .errors import SpecdecError
 
 # A file whose records carry no category lands here.
 DEFAULT_CATEGORY = "uncategorized"

@@ -1,0 +1,37 @@
+"""Command line: specdec generate | check | bench | report | advise | sweep.
+
+One module per command (each registers its parser; models and torch load only when a command
+runs); the arguments they share, and how those become method specs and loaded models, are in
+args.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ..errors import SpecdecError
+from . import advise, bench, check, generate, sweep
+
+COMMANDS = (generate, check, bench, advise, sweep)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="specdec", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    for command in COMMANDS:
+        command.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except SpecdecError as e:
+        print(f"specdec: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,96 @@
+"""`specdec advise`: measure the cost model's terms here and recommend a method (specdec.tune)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+from ..errors import SpecdecError
+from ..tune.advise import AdviseSettings
+from .args import add_model_args, add_settings, at_least_one, draft_flags, options, settings_of, setup_of
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    a = sub.add_parser("advise", help="measure the cost terms here and recommend a proposer and k",
+                       description="Times C_T(1), C_D and C_V(k), measures acceptance by position on "
+                       "calibration prompts, and predicts the speedup of each proposer and k.")
+    add_model_args(a, "draft model; 'none' measures prompt lookup only")
+    add_settings(a, AdviseSettings)
+    a.add_argument("--dataset", default="spec-bench", help="calibration prompts: a bench dataset name or JSONL")
+    a.add_argument("--categories", default="coding,writing,math_reasoning,summarization",
+                   help="categories to take one prompt each from ('' = the first prompts of the file)")
+    a.add_argument("--raw", action="store_true", help="no chat template")
+    a.add_argument("--json", action="store_true", help="print the advice record as one JSON object")
+    a.add_argument("--random-weights", action="store_true",
+                   help="time models of the target's and draft's shapes with random weights (no weights "
+                        "needed here); acceptance then comes from --acceptance")
+    a.add_argument("--acceptance", metavar="FILE",
+                   help="take each proposer's acceptance from this `advise --json` output of a run where "
+                        "the real weights are, and measure only the costs here")
+    a.set_defaults(func=cmd_advise)
+
+
+def cmd_advise(args: argparse.Namespace) -> int:
+    import torch
+
+    from ..advice import Advice, save_advice
+    from ..datasets import Selection, load_prompts
+    from ..lm import logit_width
+    from ..machine import environment
+    from ..models import resolve_dtype
+    from ..prompts import encode_prompt
+    from ..tune.advise import candidates, run_advise
+    from ..tune.render import render
+
+    at_least_one(args, *options(AdviseSettings))
+    if args.random_weights and not args.acceptance:
+        raise SpecdecError("random weights cannot measure acceptance: add --acceptance FILE, the output of "
+                           "`specdec advise --json` run where the real weights are")
+    flags = {option: value for option, (_, value) in draft_flags(args).items()}
+    if args.draft == "none" and (flags["quant"] or flags["vocab"]):
+        raise SpecdecError("--draft-int8 and --draft-vocab apply to a draft: not with --draft none")
+    saved = Advice.load(args.acceptance) if args.acceptance else None
+    categories = tuple(c for c in args.categories.split(",") if c) or None
+    prompts, _ = load_prompts(args.dataset, Selection(categories, 1 if categories else None, args.prompts))
+    families = candidates(args.draft != "none", args.device, flags["quant"], flags["vocab"])
+    target, drafts, tokenizer = _load_random(args) if args.random_weights else _load(args, families)
+    if tokenizer is None:  # only plain decoding's bookkeeping is timed on these: any ids do
+        gen = torch.Generator().manual_seed(0)
+        encoded = [torch.randint(logit_width(target), (32,), generator=gen).tolist() for _ in prompts]
+    else:
+        encoded = [encode_prompt(tokenizer, p.text, raw=args.raw) for p in prompts]
+    settings = replace(settings_of(args, AdviseSettings), prompts=len(prompts))
+    say = lambda step: print(f"[advise] {step}", file=sys.stderr, flush=True)
+    advice = run_advise(target, drafts, families, tokenizer, settings, encoded, progress=say, saved=saved)
+    advice = replace(
+        advice, random_weights=args.random_weights,
+        calibration_prompts=[p.id for p in prompts] if saved is None else f"from {args.acceptance}",
+        environment=environment(args.device, resolve_dtype(args.dtype, args.device), [f.label for f in families]),
+    )
+    print(json.dumps(advice.to_json(), indent=1) if args.json else render(advice))
+    path = save_advice(setup_of(args, flags["vocab"]), advice)
+    print(f"[advise] saved for `specdec generate --proposer auto`: {path}", file=sys.stderr)
+    return 0
+
+
+def _load(args: argparse.Namespace, families):
+    from ..models import load_model
+    from .args import load_drafts
+
+    target, tokenizer = load_model(args.target, args.dtype, args.device, args.trust_remote_code)
+    return target, load_drafts(args, target, tokenizer, families), tokenizer
+
+
+def _load_random(args: argparse.Namespace):
+    """Random-weight models of the target's and the draft's shapes, and no tokenizer."""
+    from ..build import Drafts
+    from ..models import random_model
+
+    if args.draft_vocab:
+        raise SpecdecError("--draft-vocab counts token frequencies with the tokenizer: not with --random-weights")
+    target = random_model(args.target, args.dtype, args.device)
+    draft = None if args.draft == "none" else random_model(args.draft, args.dtype, args.device)
+    return target, Drafts(draft), None

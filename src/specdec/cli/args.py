@@ -1,0 +1,179 @@
+"""Arguments every command shares, and how they become method specs and loaded models.
+
+The flags -k, --max-ngram, --tree-width, --min-confidence, --pay-rule, --draft-int8 and
+--draft-vocab are shorthands for options of a method spec (specdec.method): they fold into the
+spec that --proposer (generate, check) or --methods (bench, sweep) names, and a flag that no
+method takes, or that contradicts the spec, is a one-line error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+
+from ..errors import SpecdecError
+from ..method import KINDS, Flags, Method, parse, resolve_auto
+
+
+def add_model_args(p: argparse.ArgumentParser, draft_help: str = "draft model of draft and hybrid methods") -> None:
+    """The target, the draft and how to load them."""
+    from ..models import DEFAULT_DRAFT, DEFAULT_TARGET, DTYPES
+
+    p.add_argument("--target", default=DEFAULT_TARGET, help="registry name or local HF model folder")
+    p.add_argument("--draft", default=DEFAULT_DRAFT, help=draft_help)
+    p.add_argument("--draft-int8", action="store_true",
+                   help="quant=int8 for every draft method: int8 weights for the draft's linear layers (CPU), "
+                        "a cheaper draft, still lossless")
+    p.add_argument("--draft-vocab", type=int, default=None, metavar="N",
+                   help="vocab=N for every draft method: the draft scores only the N most frequent token ids "
+                        "(e.g. 32768), a cheaper draft step, still lossless")
+    p.add_argument("--dtype", default="auto", choices=["auto", *DTYPES],
+                   help="auto: bfloat16 where the hardware has it natively, else float32")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--trust-remote-code", action="store_true",
+                   help="allow a local model folder to run its own Python code")
+
+
+def add_method_args(p: argparse.ArgumentParser, default: str) -> None:
+    """--proposer SPEC and the flags that fold into it (generate, check)."""
+    p.add_argument("--proposer", default=default, metavar="SPEC",
+                   help=f"a method spec, KIND[:OPTION=VALUE]... with KIND one of {', '.join(KINDS)} (none = ar, "
+                        "plain decoding), e.g. draft:k=4:quant=int8; auto: what `specdec advise` measured best for "
+                        "this target, draft and machine (plain decoding where speculation does not pay); hybrid: "
+                        "prompt lookup when an n-gram matches, the draft model otherwise")
+    p.add_argument("-k", type=int, default=None, help="k=: tokens proposed per round (default 2)")
+    p.add_argument("--max-ngram", type=int, default=None, help="ngram=: longest n-gram prompt lookup matches (3)")
+    p.add_argument("--tree-width", type=int, default=None, metavar="W",
+                   help="width=: tree speculation, beside each draft guess its W-1 next most likely tokens as "
+                        "alternatives, all verified in one target forward (1 = a plain chain)")
+    p.add_argument("--min-confidence", type=float, default=None, metavar="P",
+                   help="conf=: adaptive k, a round stops guessing after a draft probability below P")
+    p.add_argument("--pay-rule", metavar="FILE",
+                   help="pay=1: adaptive k by the cost model, a round stops guessing when one more guess is not "
+                        "expected to pay, judged from the cost terms in FILE (the JSON of `specdec advise --json` "
+                        "for this pair); -k is then the most a round guesses")
+
+
+def add_sampling_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    p.add_argument("--top-k", type=int, default=None)
+    p.add_argument("--top-p", type=float, default=None)
+    p.add_argument("--seed", type=int, default=None)
+
+
+def draft_flags(args: argparse.Namespace) -> Flags:
+    """--draft-int8 and --draft-vocab as method options (every command has them)."""
+    return {"quant": ("--draft-int8", "int8" if args.draft_int8 else None),
+            "vocab": ("--draft-vocab", args.draft_vocab)}
+
+
+def method_flags(args: argparse.Namespace) -> Flags:
+    """Every flag of add_model_args and add_method_args as method options."""
+    return {
+        **draft_flags(args),
+        "k": ("-k", args.k),
+        "ngram": ("--max-ngram", args.max_ngram),
+        "width": ("--tree-width", args.tree_width),
+        "conf": ("--min-confidence", args.min_confidence or None),  # 0: off, as not given
+        "pay": ("--pay-rule", "1" if args.pay_rule else None),
+    }
+
+
+def method_of(args: argparse.Namespace) -> Method:
+    """The method --proposer and its flags name."""
+    return parse(args.proposer, method_flags(args))
+
+
+def setup_of(args: argparse.Namespace, vocab: int | None):
+    """What saved advice is keyed by, for these arguments (specdec.advice.Setup)."""
+    from ..advice import Setup
+
+    return Setup.create(args.target, args.draft, args.dtype, args.device, vocab)
+
+
+def resolve(args: argparse.Namespace, method: Method) -> tuple[Method, str | None]:
+    """`auto` replaced by what the saved advice (or the device default) chose, with auto's own
+    options where that method takes them; and a line saying so (None for other methods)."""
+    from ..advice import choose
+
+    if method.kind != "auto":
+        return method, None
+    chosen, why = choose(setup_of(args, method.vocab))
+    resolved, dropped = resolve_auto(method, chosen)
+    shown = "plain decoding" if resolved.kind == "ar" else resolved.label
+    unused = f"; {', '.join(dropped)} not applied" if dropped and resolved.kind != "ar" else ""
+    return resolved, f"{shown} ({why}){unused}"
+
+
+def load_advice(path: str | None):
+    from ..advice import Advice
+
+    return Advice.load(path) if path else None
+
+
+def load_drafts(args: argparse.Namespace, target, tokenizer, methods: list[Method], reuse_caches: bool = False):
+    """The draft of --draft, checked against the target's vocabulary, with the variants the
+    methods run built (specdec.build.Drafts); no model is loaded when no method runs a draft."""
+    from ..build import Drafts
+    from ..models import check_same_vocab, load_model
+
+    if not any(m.uses_draft for m in methods):
+        return Drafts(None)
+    if args.draft == "none":
+        raise SpecdecError(f"{next(m for m in methods if m.uses_draft).label} needs a draft model: drop it or pass --draft")
+    draft, draft_tokenizer = load_model(args.draft, args.dtype, args.device, args.trust_remote_code)
+    check_same_vocab(tokenizer, draft_tokenizer, target, draft)
+    drafts = Drafts(draft, tokenizer, reuse_caches)
+    drafts.prepare(methods)
+    return drafts
+
+
+def load_proposer(args: argparse.Namespace):
+    """Target, tokenizer, the method --proposer names (auto resolved) and its proposer (None:
+    plain decoding). generate and check run this."""
+    from ..build import build_proposer
+    from ..models import load_model
+
+    method, said = resolve(args, method_of(args))
+    advice = load_advice(args.pay_rule)
+    target, tokenizer = load_model(args.target, args.dtype, args.device, args.trust_remote_code)
+    if said:  # said once the target is known to load, so a bad name still gives a one-line error
+        print(f"[specdec] auto: {said}", file=sys.stderr)
+    drafts = load_drafts(args, target, tokenizer, [method])
+    return target, tokenizer, method, build_proposer(method, drafts, advice)
+
+
+def ints(text: str, name: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise SpecdecError(f"--{name} takes a comma list of integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise SpecdecError(f"--{name} needs positive integers, got {text!r}")
+    return values
+
+
+def options(settings: type) -> list[str]:
+    """The fields of a settings dataclass that are command-line options: those with a help text."""
+    return [f.name for f in dataclasses.fields(settings) if "help" in f.metadata]
+
+
+def add_settings(p: argparse.ArgumentParser, settings: type) -> None:
+    """The options of a settings dataclass (--name, or the field's "flag"), with its defaults."""
+    for f in dataclasses.fields(settings):
+        if f.name in options(settings):
+            flag = f.metadata.get("flag") or f"--{f.name.replace('_', '-')}"
+            p.add_argument(flag, dest=f.name, type=type(f.default), default=f.default, help=f.metadata["help"])
+
+
+def settings_of(args: argparse.Namespace, settings: type, **rest):
+    """The settings dataclass from its options' values (and `rest`)."""
+    return settings(**{name: getattr(args, name) for name in options(settings)}, **rest)
+
+
+def at_least_one(args: argparse.Namespace, *names: str) -> None:
+    for name in names:
+        if getattr(args, name) < 1:
+            raise SpecdecError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")

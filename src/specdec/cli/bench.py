@@ -1,0 +1,166 @@
+"""`specdec bench`, the paired benchmark, and `specdec report DIR`, which rebuilds its summary
+and report: arguments -> configuration -> runs (specdec.bench) -> summary -> report."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from pathlib import Path
+
+from ..errors import SpecdecError
+from ..method import KINDS, Method
+from .args import add_model_args, add_sampling_args, at_least_one, draft_flags, load_advice, load_drafts, resolve
+
+METHODS_HELP = (
+    "comma list of method specs, KIND[:OPTION=VALUE]...: "
+    + "; ".join(f"{kind} ({', '.join(options) or 'no options'})" for kind, options in KINDS.items())
+    + ". E.g. ar,draft:k=2:quant=int8,draft:k=4:conf=0.7,lookup:k=8:ngram=3,hybrid:k=2,hf-assisted:k=2. "
+    "k defaults to 2, ngram to 3; cat=1 on a specdec method: transformers' concatenating KV cache instead "
+    "of the preallocated one"
+)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    b = sub.add_parser(
+        "bench", help="paired benchmark of decoding methods over a dataset",
+        description="Runs every method on every prompt, interleaved, and writes config.json, "
+        "results.jsonl (one row per run), summary.json and report.md with plots into --out.",
+    )
+    b.add_argument("--dataset", required=True, help="humaneval, mt-bench, spec-bench (bundled), or a JSONL file (turns or prompt field)")
+    b.add_argument("--categories", help="comma list: keep only these categories")
+    b.add_argument("--per-category", type=int, help="keep the first N prompts of each category")
+    b.add_argument("--limit", type=int, help="keep the first N prompts (after the filters above)")
+    b.add_argument("--methods", default="ar,draft,lookup", help=METHODS_HELP)
+    b.add_argument("--max-ngram", type=int, default=None, help="ngram=N for every method that takes it")
+    b.add_argument("--repeats", type=int, default=1, help="runs of every method on every prompt")
+    b.add_argument("--out", required=True, help="output folder (must be new or empty unless --resume)")
+    b.add_argument("--resume", action="store_true", help="continue a run in --out, skipping finished rows")
+    b.add_argument("--raw", action="store_true", help="do not apply the chat template")
+    b.add_argument("--no-progress", action="store_true", help="no progress bar")
+    b.add_argument("--pay-rule", metavar="FILE",
+                   help="cost terms for methods with pay=1: the JSON of `specdec advise --json` for this pair")
+    add_model_args(b, "draft model of draft, hybrid and hf-assisted methods")
+    add_sampling_args(b)
+    b.set_defaults(func=cmd_bench)
+
+    r = sub.add_parser("report", help="rebuild summary.json and report.md of a bench folder from its rows")
+    r.add_argument("dir", help="a folder written by specdec bench")
+    r.set_defaults(func=cmd_report)
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    import torch
+
+    from ..bench.execute import Executor, RunSettings
+    from ..bench.report import REPORT, report_folder
+    from ..bench.runner import EncodedPrompt, run_bench
+    from ..datasets import Selection, load_prompts
+    from ..engine import eos_token_ids
+    from ..machine import PeakMemory
+    from ..method import parse_list
+    from ..models import load_model
+    from ..prompts import encode_prompt
+    from ..sampling import SamplingConfig
+    from ..store import RESULTS, check_out_dir, read_rows
+
+    methods = parse_list(args.methods, {**draft_flags(args), "ngram": ("--max-ngram", args.max_ngram)})
+    sampling = SamplingConfig(args.temperature, args.top_k, args.top_p)  # validates them
+    at_least_one(args, "repeats", "max_new_tokens")
+    if args.pay_rule and not any(m.pay for m in methods):
+        raise SpecdecError("--pay-rule applies to no method in --methods: add pay=1 to a draft method")
+    prompts, path = load_prompts(args.dataset, Selection(_split(args.categories), args.per_category, args.limit))
+    out = Path(args.out)
+    memory = PeakMemory(torch.device(args.device))
+    # `auto` is resolved once, before anything runs; the choice is part of the configuration.
+    auto_method = next((m for m in methods if m.kind == "auto"), None)
+    auto, why = resolve(args, auto_method) if auto_method else (None, None)
+    config = bench_config(args, methods, prompts, path, memory.kind, auto)
+    if auto:
+        config["auto"] = {"runs": auto.label, "why": why}
+    # Checked before the models load (slow), so a refused folder is refused at once.
+    check_out_dir(out, config, args.resume)
+
+    advice = load_advice(args.pay_rule)
+    target, tokenizer = load_model(args.target, args.dtype, args.device, args.trust_remote_code)
+    run = _resolved(methods, auto)
+    drafts = load_drafts(args, target, tokenizer, run)
+    encoded = [EncodedPrompt(p, encode_prompt(tokenizer, p.text, raw=args.raw)) for p in prompts]
+    settings = RunSettings(args.max_new_tokens, sampling, args.seed, eos_token_ids(target))
+    executor = Executor(target, drafts, settings, memory, auto, advice)
+    executor.prepare(methods)
+    try:
+        run_bench(out, config, encoded, methods, args.repeats, executor, progress=not args.no_progress)
+    except KeyboardInterrupt:
+        print(f"\nspecdec: interrupted; the {len(read_rows(out))} finished rows are kept in {out / RESULTS}.\n"
+              f"resume with: {_resume_command()}", file=sys.stderr)
+        return 130
+    print(_digest(report_folder(out)) + f"\nreport: {out / REPORT}", file=sys.stderr)
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from ..bench.report import REPORT, report_folder
+    from ..store import CONFIG
+
+    out = Path(args.dir)
+    if not (out / CONFIG).is_file():
+        raise SpecdecError(f"{out} is not a specdec bench folder: it has no {CONFIG}")
+    print(_digest(report_folder(out)) + f"\nreport: {out / REPORT}", file=sys.stderr)
+    return 0
+
+
+def _resolved(methods: list[Method], auto: Method | None) -> list[Method]:
+    return [auto if m.kind == "auto" else m for m in methods]
+
+
+def bench_config(args: argparse.Namespace, methods: list[Method], prompts, dataset_file: Path, memory_kind: str,
+                 auto: Method | None = None) -> dict:
+    """Everything that makes two runs' rows comparable; --resume refuses a folder whose config
+    differs (but for when it started: store.VOLATILE)."""
+    from ..datasets import file_sha256
+    from ..machine import KINDS, environment
+    from ..models import resolve_dtype
+    from ..bench.execute import WARMUP_TOKENS
+
+    labels = [m.label for m in methods]
+    dtype = resolve_dtype(args.dtype, args.device)
+    return {
+        "target": args.target,
+        "draft": args.draft if any(m.uses_draft for m in _resolved(methods, auto)) else None,
+        "pay_rule": {"file": args.pay_rule, "sha256": file_sha256(Path(args.pay_rule))} if args.pay_rule else None,
+        "dtype": dtype,
+        "device": args.device,
+        "methods": labels,
+        "dataset": {"name": args.dataset, "sha256": file_sha256(dataset_file)},
+        "selection": {"categories": _split(args.categories), "per_category": args.per_category, "limit": args.limit},
+        "prompt_ids": [p.id for p in prompts],
+        "raw": args.raw,
+        "max_new_tokens": args.max_new_tokens,
+        "sampling": {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p, "seed": args.seed},
+        "repeats": args.repeats,
+        "warmup_tokens": min(WARMUP_TOKENS, args.max_new_tokens),
+        "memory": {"kind": memory_kind, "meaning": KINDS[memory_kind]},
+        "environment": environment(args.device, dtype, labels + ([auto.label] if auto else [])),
+    }
+
+
+def _split(text: str | None) -> list[str] | None:
+    return [part.strip() for part in text.split(",") if part.strip()] if text else None
+
+
+def _resume_command() -> str:
+    argv = sys.argv[1:]
+    return shlex.join(["specdec", *argv, *([] if "--resume" in argv else ["--resume"])])
+
+
+def _digest(summary: dict) -> str:
+    """A few lines for the terminal; the full picture is in report.md."""
+    lines = [f"[specdec bench] {summary['overall']['n_prompts']} prompts"]
+    for label, m in summary["overall"]["methods"].items():
+        tps = m["tokens_per_s"]["median"] if m["tokens_per_s"] else float("nan")
+        s = m["speedup"]
+        speed = f", speedup {s['median']:.2f} [{s['ci95_median'][0]:.2f}, {s['ci95_median'][1]:.2f}]" if s else ""
+        mal = m["mean_accepted_length"]
+        lines.append(f"  {label:<24} {tps:7.2f} tok/s{speed}" + (f", mean accepted length {mal:.2f}" if mal else ""))
+    return "\n".join(lines)

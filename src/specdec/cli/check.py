@@ -1,0 +1,59 @@
+"""`specdec check`: prove losslessness of speculation on a model pair (specdec.check)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from ..errors import SpecdecError
+from ..check import CheckPlan
+from .args import add_method_args, add_model_args, add_settings, load_proposer, method_of, settings_of
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    c = sub.add_parser("check", help="prove losslessness of speculation on a model pair")
+    add_model_args(c)
+    add_method_args(c, default="draft")
+    add_settings(c, CheckPlan)
+    c.add_argument("--raw", action="store_true", help="no chat template for the greedy prompts")
+    c.add_argument("--json", action="store_true")
+    c.set_defaults(func=cmd_check)
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from .. import check
+    from ..prompts import encode_prompt
+
+    method = method_of(args)
+    if method.kind == "ar":
+        raise SpecdecError("check compares a proposer with plain decoding: use --proposer draft or lookup")
+    if method.cat or method.is_hf:
+        raise SpecdecError(f"check runs specdec's proposers on the preallocated cache: not {method.label}")
+    plan = settings_of(args, check.CheckPlan)
+    target, tokenizer, _, drafter = load_proposer(args)
+    if drafter is None:
+        raise SpecdecError("auto chose plain decoding for this setup: nothing to check; use --proposer draft or lookup")
+    raw = lambda text: tokenizer(text)["input_ids"]
+    start = time.perf_counter()
+    eta = check.estimate_seconds(target, drafter, plan, raw)
+    print(f"[check] estimated time: about {eta / 60:.1f} min", file=sys.stderr)
+    prompts = [encode_prompt(tokenizer, t, raw=args.raw) for t in check.GREEDY_PROMPTS[: plan.greedy_prompts]]
+    contexts = [raw(t) for t in check.SAMPLING_CONTEXTS]
+    with tqdm(total=plan.samples * len(contexts), desc="sampling", file=sys.stderr) as bar:
+        results = check.run_checks([
+            ("greedy", lambda: check.check_greedy(target, drafter, prompts, plan.greedy_tokens)),
+            ("sampling", lambda: check.check_sampling(target, drafter, contexts, plan, progress=bar.update)),
+            ("invariants", lambda: check.check_invariants(target, drafter, prompts[0], plan.greedy_tokens)),
+        ])
+    seconds = time.perf_counter() - start
+    if args.json:
+        print(json.dumps(check.to_json(results, seconds)))
+    else:
+        for r in results:
+            print(f"{'PASS' if r.passed else 'FAIL'}  {r.name}\n      {r.detail}")
+        print(f"[check] {sum(r.passed for r in results)}/{len(results)} passed in {seconds:.0f} s")
+    return 0 if all(r.passed for r in results) else 1

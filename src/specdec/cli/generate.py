@@ -1,0 +1,87 @@
+"""`specdec generate`: speculative generation with live acceptance."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from ..errors import SpecdecError
+from .args import add_method_args, add_model_args, add_sampling_args, at_least_one, load_proposer
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    g = sub.add_parser("generate", help="generate text, speculatively, with live acceptance")
+    src = g.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt")
+    src.add_argument("--prompt-file")
+    add_model_args(g)
+    add_method_args(g, default="auto")
+    add_sampling_args(g)
+    g.add_argument("--raw", action="store_true", help="do not apply the chat template")
+    g.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
+    g.add_argument("--color", choices=["auto", "always", "never"], default="auto",
+                   help="green: tokens the proposer guessed; plain: tokens from the target")
+    g.set_defaults(func=cmd_generate)
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from ..engine import GenerationInterrupted, generate
+    from ..lm import CausalLM
+    from ..prompts import encode_prompt, require_text
+    from .stream import Streamer
+
+    text = require_text(_prompt_text(args))
+    at_least_one(args, "max_new_tokens")
+    target, tokenizer, method, drafter = load_proposer(args)
+    prompt = encode_prompt(tokenizer, text, raw=args.raw)
+    streamer = None if args.json else Streamer(tokenizer, color=_use_color(args.color))
+    code = 0
+    try:
+        result = generate(
+            CausalLM(target, preallocate=not method.cat), prompt, drafter=drafter,
+            max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+            seed=args.seed, on_commit=streamer.on_commit if streamer else None,
+        )
+    except GenerationInterrupted as interrupt:  # Ctrl-C: still show what was committed
+        result, code = interrupt.result, 130
+    if args.json:
+        print(json.dumps(_json_result(tokenizer, result)))
+    else:
+        streamer.finish()
+        print(summary_line(result), file=sys.stderr)
+    return code
+
+
+def _json_result(tokenizer, result) -> dict:
+    return {
+        "text": tokenizer.decode(result.new_tokens, skip_special_tokens=True),
+        "new_tokens": result.new_tokens,
+        "finish_reason": result.finish_reason,
+        "stats": result.stats.to_dict(),
+    }
+
+
+def summary_line(result) -> str:
+    s = result.stats
+    t = s.times
+    spec = (f"; {s.rounds} rounds, mean accepted length {s.mean_accepted_length:.2f} "
+            f"(acceptance {100 * s.acceptance_rate:.0f}% of {s.proposed} proposed), "
+            f"draft calls {s.draft_calls}") if s.proposed else ""
+    return (f"[specdec] {s.new_tokens} tokens ({result.finish_reason}), decode {s.tokens_per_s:.2f} tok/s, "
+            f"target calls {s.target_calls}{spec}; prefill {t['prefill']:.2f}s, propose "
+            f"{t['propose']:.2f}s, verify {t['verify']:.2f}s, accept {t['accept']:.2f}s")
+
+
+def _prompt_text(args: argparse.Namespace) -> str:
+    if args.prompt_file is None:
+        return args.prompt
+    try:
+        return Path(args.prompt_file).read_text(encoding="utf-8")
+    except OSError as e:
+        raise SpecdecError(f"cannot read --prompt-file {args.prompt_file}: {e.strerror}") from None
+
+
+def _use_color(choice: str) -> bool:
+    return choice == "always" or (choice == "auto" and sys.stdout.isatty())

@@ -1,0 +1,177 @@
+"""`specdec advise`: measure every term of the cost model on this machine and say which proposer
+and k to use, or that speculation does not pay here and why.
+
+Steps: copy bandwidth; C_T(1) and C_V(k) for k = 1..k_max at the chosen context; the draft's
+step C_D; acceptance by position of each proposer on a small calibration set (greedy, proposing
+calibration_k tokens a round); then the cost model's optimal k per proposer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
+
+from ..advice import Advice, Choice, Verdict
+from ..costmodel import Costs, break_even_alpha, fit_alpha, optimal_k, predicted_speedup
+from ..errors import SpecdecError
+from ..method import DEFAULT_NGRAM, Method
+from .calibration import Calibration
+
+# A decode step that reads memory at this share of the copy bandwidth or more is bandwidth-bound:
+# guesses then ride along almost free in a verify block.
+BANDWIDTH_BOUND = 0.5
+# Below this predicted speedup the advice is "don't speculate": the model's error (docs/bench) is
+# of this order, so a smaller gain is not worth the second model's memory.
+MIN_GAIN = 1.05
+
+
+@dataclass(frozen=True)
+class AdviseSettings:
+    # Fields with a help text are `specdec advise` options too (cli.args.add_settings), each >= 1.
+    context: int = field(default=512, metadata={"help": "context length (tokens) the costs are timed at"})
+    k_max: int = field(default=16, metadata={"help": "largest k to time and consider"})
+    calibration_k: int = field(default=6, metadata={"help": "guesses per round while measuring acceptance"})
+    prompts: int = field(default=4, metadata={"help": "calibration prompts"})
+    tokens: int = field(default=48, metadata={"help": "new tokens per calibration prompt"})
+    repeats: int = 3  # timings per block size (medians)
+
+
+def recommend(
+    c_target: float, verify: dict[int, float], baseline_overhead: float,
+    proposers: dict[Method, tuple[float, Calibration]], k_max: int,
+) -> tuple[dict[str, Verdict], Choice]:
+    """Per proposer (its method without k -> (C_D per guess, calibration)): predicted speedup for
+    every k, the best k, break-even acceptance; then the overall choice, a full method spec, or
+    plain decoding ("ar") where no proposer reaches MIN_GAIN."""
+    per, best_of = {}, {}
+    for family, (c_draft, cal) in proposers.items():
+        # A model-free proposer's search time is per round, not per guess: charge it as overhead.
+        overhead = cal.overhead_per_round + (cal.propose_per_round if c_draft == 0 else 0.0)
+        costs = Costs(c_target, c_draft, verify, overhead, baseline_overhead)
+        if not cal.acceptance.rates:
+            per[family.label] = Verdict(0, None, "it never proposed a token on the calibration prompts")
+            continue
+        best_k, best = optimal_k(costs, cal.acceptance, k_max)
+        alpha = fit_alpha(cal.acceptance)
+        per[family.label] = Verdict(
+            k=best_k, speedup=best, reason=_reason(costs, cal, alpha, best_k, best),
+            speedup_by_k={k: predicted_speedup(costs, cal.acceptance, k) for k in range(1, k_max + 1)},
+            alpha_fitted=alpha, hit_rate=cal.acceptance.hit_rate,
+            break_even_alpha={k: break_even_alpha(costs, k) for k in (1, 2, 4, 8) if k <= k_max},
+        )
+        best_of[family.label] = replace(family, k=best_k)
+    ranked = sorted((v.speedup, name) for name, v in per.items() if v.speedup is not None)
+    if ranked and ranked[-1][0] >= MIN_GAIN:
+        speedup, name = ranked[-1]
+        return per, Choice(best_of[name].label, speedup)
+    return per, Choice("ar", 1.0)
+
+
+def candidates(has_draft: bool, device: str, quant: str | None = None, vocab: int | None = None) -> list[Method]:
+    """The proposers advise measures: the draft as given (quant, vocab), on a CPU also its int8
+    copy (the CPU's cheaper draft), and prompt lookup."""
+    drafts = [Method("draft", quant=quant, vocab=vocab)] if has_draft else []
+    if has_draft and quant is None and device == "cpu":
+        drafts.append(Method("draft", quant="int8", vocab=vocab))
+    return [*drafts, Method("lookup", ngram=DEFAULT_NGRAM)]
+
+
+def _reason(costs: Costs, cal: Calibration, alpha: float, k: int, speedup: float) -> str:
+    """Which term decides, in one sentence."""
+    ratio = costs.c_draft / costs.c_target
+    v2 = costs.verify(2) / costs.c_target
+    if k and speedup >= MIN_GAIN:
+        return (f"E[tokens/round] {cal.acceptance.at_k(k).expected_tokens:.2f} at k={k} outweighs a round cost of "
+                f"{k * ratio + costs.verify(k) / costs.c_target:.2f} target steps")
+    if ratio > 0 and costs.c_draft >= 0.5 * costs.c_target:
+        return f"each guess costs {ratio:.2f} of a target step: the draft is too expensive"
+    if v2 > 1.5:
+        return f"verifying 2 guesses costs {v2:.2f} target steps: blocks are not free on this machine"
+    be = break_even_alpha(costs, 1)
+    return (f"acceptance is too low: fitted alpha {alpha:.2f} (hit rate {cal.acceptance.hit_rate:.2f}), "
+            f"break-even at k=1 is {be if be is None else round(be, 2)}")
+
+
+def bandwidth_verdict(decode_bytes: int, c_target: float, copy_bytes_per_s: float,
+                      verify: dict[int, float]) -> dict:
+    """Is one decode step limited by memory bandwidth or by compute on this machine?"""
+    used = decode_bytes / c_target
+    share = used / copy_bytes_per_s
+    growth = verify.get(4, max(verify.values())) / c_target
+    if share < BANDWIDTH_BOUND:
+        bound = "compute"
+    else:  # the step streams memory; whether blocks ride along depends on the compute left
+        bound = "bandwidth" if growth < 1.5 else "mixed"
+    return {"bytes_per_step": decode_bytes, "bytes_per_s": used, "copy_bytes_per_s": copy_bytes_per_s,
+            "share_of_copy_bandwidth": share, "verify4_over_step": growth, "bound": bound}
+
+
+def run_advise(target, drafts, families: list[Method], tokenizer, settings: AdviseSettings,
+               prompts: list[list[int]], progress: Callable[[str], None] = lambda _: None,
+               saved: Advice | None = None) -> Advice:
+    """Measure everything for the proposers `families` (methods without k; candidates()) and
+    return the advice. `drafts` (specdec.build.Drafts) holds the draft and its variants.
+
+    With `saved` (the advice of a run elsewhere) the proposers' acceptance comes from it and only
+    the costs are measured here: the models may then carry random weights, and `tokenizer` may
+    be None (the timed context is then random token ids)."""
+    import torch
+
+    from ..build import build_proposer
+    from ..engine import generate
+    from ..lm import CausalLM, logit_width
+    from ..longprompt import long_prompt
+    from .measure import copy_bandwidth, decode_bytes, kv_bytes, measure_model, weight_bytes
+
+    progress("copy bandwidth")
+    bandwidth = copy_bandwidth(device=target.device)
+    if tokenizer is None:  # random weights: the values of the context's tokens cost nothing
+        ids = torch.randint(logit_width(target), (settings.context,), generator=torch.Generator().manual_seed(0))
+    else:
+        ids = torch.tensor(long_prompt(tokenizer, settings.context))
+    context = ids.to(target.device)
+    progress(f"target C_T(1), C_V(k) for k=1..{settings.k_max} at context {settings.context}")
+    t_lm = CausalLM(target)
+    t_costs = measure_model(t_lm, context, range(1, settings.k_max + 2), settings.repeats)
+    verify = {k: t_costs.verify(k) for k in range(1, settings.k_max + 1)}
+    draft_families = [f for f in families if f.uses_draft]
+    if draft_families:
+        drafts.prepare(draft_families)
+    c_draft = {}
+    for family in draft_families:
+        progress(f"{family.label} C_D")
+        c_draft[family.label] = measure_model(drafts.lm(family), context, [1, 2], settings.repeats).step
+    t_lm.reset()
+
+    def calibrate(method: Method | None) -> Calibration:
+        runs = [generate(target, p, drafter=None if method is None else build_proposer(method, drafts),
+                         max_new_tokens=settings.tokens).stats for p in prompts]
+        return Calibration.from_stats(runs)
+
+    progress(f"plain decoding on {len(prompts)} calibration prompts")
+    plain = calibrate(None)
+    measured = {}
+    if saved is not None:
+        for family in families:
+            if family.label in saved.calibration:
+                measured[family] = (c_draft.get(family.label, 0.0),
+                                    Calibration.from_record(saved.calibration[family.label], plain.overhead_per_round))
+        if not measured:
+            raise SpecdecError(f"the acceptance file has no calibration of {', '.join(f.label for f in families)}")
+    else:
+        for family in families:
+            progress(f"{family.label} proposer, k={settings.calibration_k}")
+            measured[family] = (c_draft.get(family.label, 0.0), calibrate(replace(family, k=settings.calibration_k)))
+
+    verdicts, choice = recommend(t_costs.step, verify, plain.overhead_per_round, measured, settings.k_max)
+    models = {"target": target} | ({"draft": drafts.model(draft_families[0].draft_variant)} if draft_families else {})
+    return Advice(
+        settings=asdict(settings), device=str(target.device), dtype=str(target.dtype).removeprefix("torch."),
+        c_target=t_costs.step, verify=verify, c_draft=c_draft,
+        calibration={family.label: cal.record() for family, (_, cal) in measured.items()},
+        proposers=verdicts, choice=choice, plain_tokens_per_s=plain.tokens_per_s,
+        bandwidth=bandwidth_verdict(decode_bytes(target, settings.context), t_costs.step, bandwidth, verify),
+        memory={name: {"weights": weight_bytes(m), "kv_cache": kv_bytes(m, settings.context)}
+                for name, m in models.items()},
+        acceptance_from="saved" if saved is not None else "measured",
+    )

@@ -1,0 +1,88 @@
+"""What a proposer did on calibration prompts: acceptance by position, hit rate, time per round,
+pooled over generations (specdec advise measures it; specdec sweep summarises its runs with it)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..advice import Calibrated
+from ..costmodel import Acceptance, expected_accepted_iid
+from ..stats import GenerationStats
+
+
+@dataclass(frozen=True)
+class Calibration:
+    acceptance: Acceptance
+    histogram: list[int]  # rounds by accepted length 0..k, rounds that guessed
+    acceptance_rate: float  # accepted / proposed: the naive i.i.d. alpha most tools report
+    propose_per_round: float  # seconds
+    overhead_per_round: float  # seconds outside propose and verify
+    tokens_per_s: float
+
+    @classmethod
+    def from_stats(cls, stats: Sequence[GenerationStats]) -> Calibration:
+        judged = _sum_lists([s.position_judged for s in stats])
+        accepted = _sum_lists([s.position_accepted for s in stats])
+        accepted += [0] * (len(judged) - len(accepted))  # positions judged but never accepted
+        rates = [a / j for a, j in zip(accepted, judged) if j > 0]
+        # A generation's last round may be left no room to guess (max_new_tokens); that is no miss.
+        rounds_of = [_without_empty_last(s) for s in stats]
+        proposed = [n for pairs in rounds_of for n, _ in pairs]
+        lengths = [a for pairs in rounds_of for n, a in pairs if n > 0]
+        rounds = max(1, sum(s.rounds for s in stats))
+        hit = sum(n > 0 for n in proposed) / len(proposed) if proposed else 0.0
+        decode = sum(s.decode_seconds for s in stats)
+        return cls(
+            acceptance=Acceptance(tuple(rates), hit),
+            acceptance_rate=sum(s.accepted for s in stats) / max(1, sum(s.proposed for s in stats)),
+            histogram=np.bincount(lengths, minlength=len(rates) + 1).tolist() if lengths else [],
+            propose_per_round=sum(s.times["propose"] for s in stats) / rounds,
+            overhead_per_round=sum(s.times["accept"] + s.times["other"] for s in stats) / rounds,
+            tokens_per_s=sum(s.new_tokens - 1 for s in stats) / decode if decode else 0.0,
+        )
+
+    @classmethod
+    def from_record(cls, saved: Calibrated, overhead_per_round: float) -> Calibration:
+        """A proposer's calibration from another advise run's record (its acceptance, measured
+        where the weights are), with this machine's bookkeeping overhead per round."""
+        return cls(
+            acceptance=Acceptance(saved.rates, saved.hit_rate),
+            histogram=list(saved.histogram),
+            acceptance_rate=saved.acceptance_rate,
+            propose_per_round=saved.propose_per_round,
+            overhead_per_round=overhead_per_round,
+            tokens_per_s=0.0,
+        )
+
+    def record(self) -> Calibrated:
+        return Calibrated(
+            rates=self.acceptance.rates, hit_rate=self.acceptance.hit_rate, histogram=tuple(self.histogram),
+            acceptance_rate=self.acceptance_rate, propose_per_round=self.propose_per_round,
+            tokens_per_s=self.tokens_per_s, expected_tokens_measured=self.acceptance.expected_tokens,
+            expected_tokens_iid=self._iid_tokens(),
+        )
+
+    def _iid_tokens(self) -> float | None:
+        """E[A]+1 by the textbook i.i.d. formula with alpha = accepted/proposed, the one number
+        most tools report; it ignores that later guesses are accepted less often than the first."""
+        if not self.acceptance.rates:
+            return None
+        return self.acceptance.hit_rate * expected_accepted_iid(self.acceptance_rate, self.acceptance.k) + 1.0
+
+
+def _without_empty_last(stats: GenerationStats) -> list[tuple[int, int]]:
+    """(proposed, accepted) per round, without a final round that proposed nothing."""
+    pairs = list(zip(stats.proposed_lengths, stats.accept_lengths))
+    return pairs[:-1] if pairs and pairs[-1][0] == 0 else pairs
+
+
+def _sum_lists(lists: Sequence[Sequence[int]]) -> list[int]:
+    out: list[int] = []
+    for values in lists:
+        out.extend([0] * (len(values) - len(out)))
+        for i, v in enumerate(values):
+            out[i] += v
+    return out

@@ -1,0 +1,59 @@
+"""An advice record (specdec.advice.Advice) as the practical answers, in plain text."""
+
+from __future__ import annotations
+
+from ..advice import Advice
+from ..fmt import num
+from ..method import parse
+from .advise import MIN_GAIN
+
+BOUND_TEXT = {
+    "bandwidth": "Decode is bandwidth-bound here, and blocks ride along almost free",
+    "mixed": "A decode step is bandwidth-bound here, but blocks of guesses run out of compute",
+    "compute": "Decode is compute-bound here",
+}
+GIB = 2**30
+
+
+def render(advice: Advice) -> str:
+    bw = advice.bandwidth
+    lines = [
+        f"specdec advise: {advice.dtype} on {advice.device}, context {advice.settings['context']} tokens",
+        "",
+        f"1. {BOUND_TEXT[bw['bound']]}: a target step reads {bw['bytes_per_step'] / GIB:.2f} GiB in "
+        f"{advice.c_target * 1e3:.0f} ms = {bw['bytes_per_s'] / 1e9:.1f} GB/s, "
+        f"{100 * bw['share_of_copy_bandwidth']:.0f}% of the measured copy bandwidth "
+        f"({bw['copy_bytes_per_s'] / 1e9:.1f} GB/s); a 4-guess verify block costs {bw['verify4_over_step']:.2f} steps.",
+    ]
+    if advice.c_draft:
+        costs = [f"{name} {c * 1e3:.0f} ms = {c / advice.c_target:.2f}" for name, c in advice.c_draft.items()]
+        lines.append(f"2. A draft step costs (ms, and in target steps): {'; '.join(costs)}.")
+    else:
+        lines.append("2. No draft model given: only prompt lookup was measured.")
+    lines.append("3. Acceptance " + ("from the saved run given with --acceptance (not measured here):"
+                                     if advice.acceptance_from == "saved" else "on the calibration prompts (greedy):"))
+    for name, c in advice.calibration.items():
+        rates = " ".join(f"{r:.2f}" for r in c.rates)
+        lines.append(f"   {name}: by position [{rates}], rounds that guessed {100 * c.hit_rate:.0f}%, "
+                     f"accepted-length histogram {list(c.histogram)}, E[tokens/round] "
+                     f"{c.expected_tokens_measured:.2f} (i.i.d. alpha model: {num(c.expected_tokens_iid)})")
+    lines.append("4. C_V(k) in target steps: "
+                 + ", ".join(f"k={k}: {v / advice.c_target:.2f}" for k, v in advice.verify.items()))
+    parts = ", ".join(f"{n} {m['weights'] / GIB:.2f} GiB weights + {m['kv_cache'] / GIB:.3f} GiB KV"
+                      for n, m in advice.memory.items())
+    total = sum(sum(m.values()) for m in advice.memory.values())
+    lines.append(f"5. Memory: {parts}; total {total / GIB:.2f} GiB")
+    lines.append(f"6. Predicted speedup over plain decoding ({advice.plain_tokens_per_s:.2f} tok/s measured):")
+    for name, p in advice.proposers.items():
+        if p.speedup is None:
+            lines.append(f"   {name}: {p.reason}")
+            continue
+        curve = ", ".join(f"k={k}: {s:.2f}" for k, s in p.speedup_by_k.items() if k <= 8)
+        lines.append(f"   {name}: best k={p.k} -> {p.speedup:.2f}x ({curve}); {p.reason}")
+    choice = advice.choice
+    if parse(choice.method).kind == "ar":
+        lines.append(f"Recommendation: speculation does not pay here (no proposer reaches {MIN_GAIN:.2f}x); "
+                     "use plain decoding (--proposer none).")
+    else:
+        lines.append(f"Recommendation: --proposer {choice.method} (predicted {choice.predicted_speedup:.2f}x).")
+    return "\n".join(lines)
