@@ -1,4 +1,5 @@
-"""Cost of a target forward over a block of n tokens, relative to one token (docs/generate.md).
+"""Cost of a target forward over a block of n tokens, relative to one token (quoted in the first
+docs/generate.md: `git show f08191e:docs/generate.md`).
 
 Usage: .venv/bin/python scripts/cost_curve.py MODEL DTYPE     e.g. qwen2.5-coder-1.5b-instruct float32
 """

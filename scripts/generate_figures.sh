@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs `specdec generate --json` on three prompts (code, chat, translation) with each proposer
 # and prints one line per run: tokens identical to --proposer none?, decode tok/s, mean
-# accepted length. Figures in docs/generate.md come from this script.
+# accepted length. The first docs/generate.md (`git show f08191e:docs/generate.md`) quoted its output.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 N=${N:-96}
