@@ -28,7 +28,7 @@ from specdec.bench.summary import (
 from specdec.cli import main
 from specdec.datasets import Prompt, Selection, load_prompts, read_prompts, select
 from specdec.errors import SpecdecError
-from specdec.method import DEFAULT_K, Method, parse_list
+from specdec.method import Method
 from specdec.store import RESULTS, RowWriter, check_out_dir, read_rows
 
 WORDS = list("abcdefghijklmnopqrstuvwxyz")
@@ -106,68 +106,6 @@ def test_mt_bench_first_turns():
     prompts, _ = load_prompts("mt-bench", Selection(categories=("coding",), limit=3))
     assert len(prompts) == 3 and all(p.category == "coding" for p in prompts)
     assert len(load_prompts("mt-bench", Selection())[0]) == 80
-
-
-# --- methods ------------------------------------------------------------------------------------
-
-
-def test_method_parsing():
-    methods = parse_list("ar, draft:k=4,draft:quant=int8,lookup,lookup:k=8:ngram=2,hf-ar,hf-assisted:k=6,hf-lookup,"
-                         "hybrid:k=3,draft:k=4:conf=0.6,draft:vocab=100:k=3:quant=int8,draft:width=2:k=3,ar:cat=1,"
-                         "lookup:cat=1:k=2")
-    assert [m.label for m in methods] == [
-        "ar",
-        "draft:k=4",
-        f"draft:k={DEFAULT_K}:quant=int8",
-        f"lookup:k={DEFAULT_K}:ngram=3",
-        "lookup:k=8:ngram=2",
-        "hf-ar",
-        "hf-assisted:k=6",
-        f"hf-lookup:k={DEFAULT_K}:ngram=3",
-        "hybrid:k=3:ngram=3",
-        "draft:k=4:conf=0.6",
-        "draft:k=3:quant=int8:vocab=100",  # canonical option order
-        "draft:k=3:width=2",
-        "ar:cat=1",
-        "lookup:k=2:ngram=3:cat=1",
-    ]
-    assert methods[2] == Method("draft", k=DEFAULT_K, quant="int8")
-    assert parse_list("auto") == [Method("auto")]
-    # the shorthand flags fold into every method that takes them
-    folded = parse_list("ar,draft:k=2,hybrid,lookup,hf-assisted", {"quant": ("--draft-int8", "int8"),
-                                                                  "ngram": ("--max-ngram", "2")})
-    assert [m.label for m in folded] == ["ar", "draft:k=2:quant=int8", "hybrid:k=2:ngram=2:quant=int8",
-                                         "lookup:k=2:ngram=2", "hf-assisted:k=2:quant=int8"]
-
-
-@pytest.mark.parametrize("text, message", [
-    ("ar,medusa", "unknown method 'medusa'"),
-    ("draft:k=0", "k in 'draft:k=0' must be >= 1"),
-    ("draft:k=two", "must be a whole number"),
-    ("draft:ngram=2", "bad option 'ngram=2' in 'draft:ngram=2'; draft takes k="),
-    ("ar:k=2", "bad option 'k=2' in 'ar:k=2'; ar takes cat="),
-    ("hf-ar:cat=1", "hf-ar takes no options"),
-    ("draft:k=3:conf=1", "must lie strictly between 0 and 1"),
-    ("draft:k=3:conf=70", "must lie strictly between 0 and 1"),
-    ("lookup:vocab=100", "lookup takes k=, ngram=, cat="),
-    ("lookup:k=3,lookup:k=3:ngram=3", "lists lookup:k=3:ngram=3 twice"),
-    ("draft-int8:k=2", "the int8 draft is written draft:quant=int8 now"),
-    ("draft:quant=int3", "quant in 'draft:quant=int3' takes none or int8"),
-    ("draft:k=2:pay=1:width=2", "pay=1 does not apply to a tree"),
-    ("hybrid:k=2:width=2", "bad option 'width=2' in 'hybrid:k=2:width=2'"),
-    ("draft:k=2:k=3", "k is given twice"),
-    ("ar,,lookup", "has an empty entry"),
-])
-def test_bad_methods(text, message):
-    with pytest.raises(SpecdecError, match=message):
-        parse_list(text)
-
-
-def test_flags_that_no_method_takes_or_that_contradict_a_spec_are_refused():
-    with pytest.raises(SpecdecError, match="--draft-int8 applies to no method in --methods 'ar,lookup'"):
-        parse_list("ar,lookup", {"quant": ("--draft-int8", "int8")})
-    with pytest.raises(SpecdecError, match="--draft-vocab contradicts vocab=100 in draft:vocab=100"):
-        parse_list("draft:vocab=100", {"vocab": ("--draft-vocab", "200")})
 
 
 # --- runner and output folder (fake executor: counts calls, no model) ---------------------------

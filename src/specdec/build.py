@@ -50,9 +50,9 @@ class Drafts:
         if self.loaded is None:
             raise SpecdecError("these methods need a draft model: pass --draft NAME")
         new = [v for v in needed if v not in self._variants]
+        keep_loaded = PLAIN in needed or PLAIN in self._variants  # the loaded model itself runs
         for i, variant in enumerate(new):
-            last = i == len(new) - 1
-            self._variants[variant] = self._make(variant, in_place=last and PLAIN not in needed)
+            self._variants[variant] = self._make(variant, in_place=i == len(new) - 1 and not keep_loaded)
 
     def model(self, variant: Variant) -> PreTrainedModel:
         if variant not in self._variants:
@@ -70,12 +70,11 @@ class Drafts:
         return lm
 
     def _make(self, variant: Variant, in_place: bool) -> PreTrainedModel:
+        if self._consumed_by is not None:  # the loaded model is a variant now: nothing to copy from
+            made = Method("draft", quant=self._consumed_by[0], vocab=self._consumed_by[1]).label
+            raise SpecdecError(f"the draft was made into {made} already: prepare every method at once")
         if variant == PLAIN:
-            if self._consumed_by is not None:
-                raise SpecdecError(f"the draft was made into {self._consumed_by} already: prepare every method at once")
             return self.loaded
-        if self._consumed_by is not None:
-            raise SpecdecError(f"the draft was made into {self._consumed_by} already: prepare every method at once")
         quant, vocab = variant
         model = self.loaded if in_place else copy.deepcopy(self.loaded)
         if in_place:

@@ -20,7 +20,7 @@ what one spec says. specdec.build turns a spec into a proposer.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from .errors import SpecdecError
@@ -114,9 +114,8 @@ class Method:
         parts = [self.kind]
         for name in OPTIONS:
             value = getattr(self, name)
-            if value is None or value is False:
-                continue
-            parts.append(f"{name}={1 if value is True else format(value, 'g') if isinstance(value, float) else value}")
+            if value is not None and value is not False:
+                parts.append(f"{name}={_spell(value)}")
         return ":".join(parts)
 
     def __str__(self) -> str:
@@ -185,12 +184,12 @@ def parse_list(text: str, flags: Flags | None = None, where: str = "--methods") 
 def resolve_auto(auto: Method, chosen: Method) -> tuple[Method, list[str]]:
     """The method `auto` runs: the chosen one with auto's options where it takes them; returns
     it and the options it does not take (none apply to plain decoding)."""
-    mine = {f.name: getattr(auto, f.name) for f in fields(Method) if f.name != "kind"}
-    mine = {name: value for name, value in mine.items() if value not in (None, False)}
+    mine = {name: getattr(auto, name) for name in OPTIONS}
+    mine = {name: value for name, value in mine.items() if value is not None and value is not False}
     taken = {name: value for name, value in mine.items() if name in KINDS[chosen.kind]}
     resolved = replace(chosen, **taken)
     _check(resolved.label, resolved)
-    return resolved, [f"{name}={value}" for name, value in mine.items() if name not in taken]
+    return resolved, [f"{name}={_spell(value)}" for name, value in mine.items() if name not in taken]
 
 
 def legacy(entry: Mapping[str, Any]) -> Method:
@@ -261,6 +260,12 @@ def _check(text: str, m: Method) -> None:
     if m.pay and m.width:
         raise SpecdecError(f"pay=1 does not apply to a tree (width={m.width}) in {text}: a tree's "
                            "chain stops on conf only")
+
+
+def _spell(value: Any) -> str:
+    if value is True:
+        return "1"
+    return format(value, "g") if isinstance(value, float) else str(value)
 
 
 def _takes(kind: str) -> str:

@@ -31,7 +31,3 @@ def main(argv: list[str] | None = None) -> int:
     except SpecdecError as e:
         print(f"specdec: error: {e}", file=sys.stderr)
         return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())
