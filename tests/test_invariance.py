@@ -9,6 +9,8 @@ same rounding question).
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 from hypothesis import given
@@ -16,21 +18,39 @@ from hypothesis import strategies as st
 
 from specdec import DraftModel, PromptLookup, TreeDraft, generate
 from specdec.forward import attention, block_invariant, prepare
-from specdec.forward.linear import PackedLinear, probe_min_rows
+from specdec.forward.linear import BlockLinear, Int4Linear, Int8Linear, PackedLinear, probe_min_rows
+from specdec.quant.weights import int4_rtn, int8_rtn
 from specdec.lm import CausalLM
 
 from conftest import perturbed, tiny_model
 
+# scripts/cuda_check.sh runs this file on a GPU with SPECDEC_TEST_DEVICE=cuda.
+DEVICE = torch.device(os.environ.get("SPECDEC_TEST_DEVICE", "cpu"))
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 dtypes = st.sampled_from(DTYPES)
 
 
-@given(dtype=dtypes, in_features=st.integers(1, 96), out_features=st.integers(1, 96),
-       bias=st.booleans(), rows=st.integers(1, 17), data=st.data())
-def test_packed_linear_row_is_the_same_alone_and_in_any_block(dtype, in_features, out_features, bias, rows, data):
+def make_layer(kind: str, in_features: int, out_features: int, bias: bool, dtype: torch.dtype) -> BlockLinear:
+    dense = torch.nn.Linear(in_features, out_features, bias=bias, device=DEVICE)
+    if kind == "dense":
+        return PackedLinear(dense.to(dtype))
+    if kind == "int8":
+        return Int8Linear(int8_rtn(dense.weight), dense.bias, dtype)
+    return Int4Linear(int4_rtn(dense.weight, 32), dense.bias, dtype)
+
+
+@given(dtype=dtypes, kind=st.sampled_from(["dense", "int8", "int4"]), in_groups=st.integers(1, 3),
+       out_features=st.integers(1, 96), bias=st.booleans(), rows=st.integers(1, 17), data=st.data())
+def test_linear_row_is_the_same_alone_and_in_any_block(dtype, kind, in_groups, out_features, bias, rows, data):
+    in_features = {"int4": 32 * in_groups, "int8": 8 * data.draw(st.integers(1, 12))}.get(kind) \
+        or data.draw(st.integers(1, 96))
+    if kind == "int4":  # the int4 kernel takes rows of whole groups and outputs in 16s
+        out_features = 16 * -(-out_features // 16)
     torch.manual_seed(in_features * 97 + out_features)
-    layer = PackedLinear(torch.nn.Linear(in_features, out_features, bias=bias, dtype=dtype))
-    block = torch.randn(rows, in_features).to(dtype)
+    if kind != "dense" and DEVICE.type != "cpu":
+        return  # the weight-only int kernels are CPU ones
+    layer = make_layer(kind, in_features, out_features, bias, dtype)
+    block = torch.randn(rows, in_features).to(dtype=dtype, device=DEVICE)
     at = data.draw(st.integers(0, rows - 1))
     alone = layer(block[at : at + 1])
     assert layer.min_rows in (1, 2)
@@ -38,18 +58,24 @@ def test_packed_linear_row_is_the_same_alone_and_in_any_block(dtype, in_features
 
 
 def test_the_probe_finds_a_kernel_that_rounds_by_block_size():
-    """A planted kernel whose rows change with the block (as MKL's float32 GEMM does for 2-3
-    rows against 4+) is found; one that differs only when alone gets padded to two rows."""
+    """Planted kernels: one whose rows change with the block size (as MKL's float32 GEMM does for
+    2-3 rows against 4+) is padded to a fixed block of 17 rows; one whose rows also depend on
+    the other rows is refused; one that differs only when alone is padded to two rows."""
     weight = torch.randn(8, 16)
 
     def by_block(rows):
         return rows @ weight.T + (1e-3 if rows.shape[0] >= 4 else 0.0)
 
+    def by_content(rows):
+        return rows @ weight.T + 1e-3 * rows.sum()
+
     def by_one(rows):
         return rows @ weight.T + (1e-3 if rows.shape[0] == 1 else 0.0)
 
-    assert probe_min_rows(by_block, 16, torch.float32, torch.device("cpu")) is None
-    assert probe_min_rows(by_one, 16, torch.float32, torch.device("cpu")) == 2
+    cpu = torch.device("cpu")
+    assert probe_min_rows(by_block, 16, torch.float32, cpu) == 17
+    assert probe_min_rows(by_content, 16, torch.float32, cpu) is None
+    assert probe_min_rows(by_one, 16, torch.float32, cpu) == 2
     padded = PackedLinear(torch.nn.Linear(16, 8))
     padded.min_rows, padded._compute = 2, by_one
     assert torch.equal(padded(torch.ones(1, 16)), by_one(torch.ones(2, 16))[:1])
@@ -60,8 +86,9 @@ def test_the_probe_finds_a_kernel_that_rounds_by_block_size():
 def test_attention_row_is_the_same_alone_and_in_any_block(dtype, kv_heads, group, dim, context, rows, data):
     torch.manual_seed(context * 31 + rows)
     heads, total = kv_heads * group, context + rows
-    query = torch.randn(1, heads, rows, dim).to(dtype)
-    key, value = torch.randn(1, kv_heads, total, dim).to(dtype), torch.randn(1, kv_heads, total, dim).to(dtype)
+    query = torch.randn(1, heads, rows, dim).to(dtype=dtype, device=DEVICE)
+    key = torch.randn(1, kv_heads, total, dim).to(dtype=dtype, device=DEVICE)
+    value = torch.randn(1, kv_heads, total, dim).to(dtype=dtype, device=DEVICE)
     with attention.rows(attention.RowKeys(context)):
         block, _ = attention.attention(None, query, key, value, None, scaling=dim**-0.5)
     at = data.draw(st.integers(0, rows - 1))
@@ -88,15 +115,15 @@ def block_logits(lm: CausalLM, prompt: torch.Tensor, tokens: torch.Tensor, sizes
     return torch.cat(rows)
 
 
-MODELS = {dtype: tiny_model(7, layers=3).to(dtype) for dtype in DTYPES}
+MODELS = {dtype: tiny_model(7, layers=3).to(dtype=dtype, device=DEVICE) for dtype in DTYPES}
 
 
 @given(dtype=dtypes, prompt_len=st.integers(1, 40), sizes=st.lists(st.integers(1, 17), min_size=1, max_size=5),
        seed=st.integers(0, 1000))
 def test_model_logits_are_the_same_decoded_alone_or_in_blocks(dtype, prompt_len, sizes, seed):
     gen = torch.Generator().manual_seed(seed)
-    prompt = torch.randint(0, 64, (prompt_len,), generator=gen)
-    tokens = torch.randint(0, 64, (sum(sizes),), generator=gen)
+    prompt = torch.randint(0, 64, (prompt_len,), generator=gen).to(DEVICE)
+    tokens = torch.randint(0, 64, (sum(sizes),), generator=gen).to(DEVICE)
     lm = CausalLM(MODELS[dtype])
     serial = serial_logits(lm, prompt, tokens)
     assert serial.dtype == torch.float32
@@ -108,8 +135,8 @@ def test_tree_rows_are_the_same_as_their_paths_decoded_alone():
     by token: the row sees the cache and its ancestors only, gathered in path order."""
     model = MODELS[torch.bfloat16]
     lm = CausalLM(model)
-    prompt = torch.arange(5, 17)
-    tokens = torch.tensor([3, 9, 4, 11, 8, 2])  # root, then nodes 0..4
+    prompt = torch.arange(5, 17, device=DEVICE)
+    tokens = torch.tensor([3, 9, 4, 11, 8, 2], device=DEVICE)  # root, then nodes 0..4
     parents = torch.tensor([-1, -1, 0, 1, 2])  # two children of the root, chains under them
     lm.prefill(prompt)
     tree = lm.forward_tree(tokens, parents)
@@ -153,8 +180,8 @@ SEEDS = range(12)
 @pytest.mark.parametrize("seed", SEEDS)
 def test_greedy_speculation_equals_plain_bit_for_bit(dtype, seed):
     """No tolerance: in every dtype, every proposer's output is the plain decoding's."""
-    target = tiny_model(200 + seed, init=0.02).to(dtype)  # a small init makes near-ties common
-    draft = perturbed(tiny_model(200 + seed, init=0.02), seed=seed, scale=0.5).to(dtype)
+    target = tiny_model(200 + seed, init=0.02).to(dtype=dtype, device=DEVICE)  # small init: near-ties common
+    draft = perturbed(tiny_model(200 + seed, init=0.02), seed=seed, scale=0.5).to(dtype=dtype, device=DEVICE)
     gen = torch.Generator().manual_seed(seed)
     base = torch.randint(0, 64, (5,), generator=gen)
     prompt = torch.cat([base, torch.randint(0, 64, (4,), generator=gen), base])

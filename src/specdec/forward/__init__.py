@@ -19,9 +19,9 @@ import torch
 from transformers import PreTrainedModel
 
 from . import attention
-from .linear import PackedLinear
+from .linear import BlockLinear, PackedLinear
 
-__all__ = ["PackedLinear", "attention", "block_invariant", "is_prepared", "prepare"]
+__all__ = ["BlockLinear", "PackedLinear", "attention", "block_invariant", "is_prepared", "prepare"]
 
 # The attribute a prepared model carries: the options it was prepared with.
 PREPARED = "specdec_prepared"
@@ -55,8 +55,8 @@ def is_prepared(model: PreTrainedModel) -> bool:
 def block_invariant(model: PreTrainedModel) -> bool:
     """Whether every linear layer of a prepared model keeps a row's bits in any block (its
     probe found a block size from which on they agree) and none is left unpacked."""
-    layers = [m for m in model.modules() if isinstance(m, (PackedLinear, torch.nn.Linear))]
-    return all(isinstance(m, PackedLinear) and m.min_rows is not None for m in layers)
+    layers = [m for m in model.modules() if isinstance(m, (BlockLinear, torch.nn.Linear))]
+    return all(isinstance(m, BlockLinear) and m.min_rows is not None for m in layers)
 
 
 class _Float32Output(torch.nn.Module):

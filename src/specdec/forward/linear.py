@@ -10,9 +10,10 @@ near the memory bandwidth; bf16 `F.linear` without native bf16 keeps them too.
 
 Which blocks agree is a property of the kernel on this machine, so each layer shape is probed
 once when a model is packed (`min_rows`): if a 1-row input rounds differently, every 1-row input
-is padded to two rows; if blocks of 2..17 rows disagree, `min_rows` is None and specdec refuses
-to use the model as a target (tests/test_invariance.py asserts the same property on the machine
-that runs the tests).
+is padded to two rows; if blocks of 2..17 rows disagree but a fixed block of 17 keeps a row's
+bits, every decode and verify block is padded to 17 rows (a verify block of k <= 16 guesses fits);
+if not even that holds, `min_rows` is None and specdec refuses to use the model as a target
+(tests/test_invariance.py asserts the same property on the machine that runs the tests).
 """
 
 from __future__ import annotations
@@ -22,6 +23,9 @@ from functools import cache
 
 import torch
 import torch.nn.functional as F
+
+from ..errors import SpecdecError
+from ..quant.weights import Int4Weight, Int8Weight
 
 
 # Blocks the probe compares: every size a verify block of k <= 16 guesses takes.
@@ -42,32 +46,23 @@ def onednn_packs(dtype: torch.dtype) -> bool:
     return True
 
 
-class PackedLinear(torch.nn.Module):
-    """y = x W^T + b with W prepacked for oneDNN (CPU, where it supports the dtype) or kept
-    plain for `F.linear` (other devices and dtypes); inputs of fewer than `min_rows` rows are
-    padded with zero rows (None: no block size keeps a row's bits, see probe_min_rows).
+class BlockLinear(torch.nn.Module):
+    """y = x W^T + b by some kernel (`_compute`, over 2-D rows), with the block rule of the
+    module docstring: inputs of fewer than `min_rows` rows are padded with zero rows (None: no
+    block size keeps a row's bits on this machine, see probe_min_rows). Input rows are cast to
+    `dtype`, the kernel's activation dtype, which is also the output's."""
 
-    The prepacked weight is an opaque oneDNN tensor: it replaces the plain one (no second copy of
-    the weights), so a packed layer can be copied but no longer quantized or cut."""
-
-    def __init__(self, linear: torch.nn.Linear, dtype: torch.dtype | None = None):
+    def __init__(self, in_features: int, out_features: int, dtype: torch.dtype, bias: torch.Tensor | None,
+                 kernel: str):
         super().__init__()
-        weight = linear.weight.detach()
-        if dtype is not None:
-            weight = weight.to(dtype)
-        self.in_features, self.out_features = linear.in_features, linear.out_features
-        self.dtype = weight.dtype
-        bias = linear.bias.detach().to(weight.dtype) if linear.bias is not None else None
-        self.packed = weight.device.type == "cpu" and onednn_packs(weight.dtype)
-        with torch.no_grad():
-            stored = torch.ops.mkldnn._reorder_linear_weight(weight, 2) if self.packed else weight
-        # Buffers, not parameters: nothing here is trained, and an opaque tensor has no storage
-        # that state_dict or parameter counting could read.
-        self.register_buffer("weight", stored, persistent=False)
-        self.register_buffer("bias", bias, persistent=False)
-        key = (self.packed, self.in_features, self.out_features, self.dtype, weight.device, bias is not None)
+        self.in_features, self.out_features, self.dtype, self.kernel = in_features, out_features, dtype, kernel
+        self.register_buffer("bias", None if bias is None else bias.detach().to(dtype), persistent=False)
+
+    def _probe(self, device: torch.device) -> None:
+        """Find min_rows, once per kernel and layer shape (the weights' values do not decide it)."""
+        key = (self.kernel, self.in_features, self.out_features, self.dtype, device, self.bias is not None)
         if key not in _MIN_ROWS:
-            _MIN_ROWS[key] = probe_min_rows(self._compute, self.in_features, self.dtype, weight.device)
+            _MIN_ROWS[key] = probe_min_rows(self._compute, self.in_features, self.dtype, device)
         self.min_rows = _MIN_ROWS[key]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -79,29 +74,114 @@ class PackedLinear(torch.nn.Module):
         return self._compute(rows)[:count].reshape(*shape[:-1], self.out_features)
 
     def _compute(self, rows: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def weight_bytes(self) -> int:
+        """Bytes a forward reads from the layer's weights (an opaque tensor has no storage to ask)."""
+        raise NotImplementedError
+
+    def _bias_bytes(self) -> int:
+        return 0 if self.bias is None else self.bias.numel() * self.bias.element_size()
+
+    def extra_repr(self) -> str:
+        return f"{self.in_features} -> {self.out_features}, {self.dtype}, {self.kernel}, min_rows={self.min_rows}"
+
+
+class PackedLinear(BlockLinear):
+    """A dense layer, its weight prepacked for oneDNN (CPU, where it supports the dtype) or kept
+    plain for `F.linear` (other devices and dtypes).
+
+    The prepacked weight is an opaque oneDNN tensor: it replaces the plain one (no second copy of
+    the weights), so a packed layer can be copied but no longer quantized or cut."""
+
+    def __init__(self, linear: torch.nn.Linear, dtype: torch.dtype | None = None):
+        weight = linear.weight.detach().to(dtype or linear.weight.dtype)
+        packed = weight.device.type == "cpu" and onednn_packs(weight.dtype)
+        super().__init__(linear.in_features, linear.out_features, weight.dtype, linear.bias,
+                         "oneDNN prepacked" if packed else "F.linear")
+        with torch.no_grad():
+            stored = torch.ops.mkldnn._reorder_linear_weight(weight, 2) if packed else weight
+        # A buffer, not a parameter: nothing here is trained, and an opaque tensor has no storage
+        # that state_dict or parameter counting could read.
+        self.register_buffer("weight", stored, persistent=False)
+        self.packed = packed
+        self._probe(weight.device)
+
+    def _compute(self, rows: torch.Tensor) -> torch.Tensor:
         if self.packed:
             return torch.ops.mkldnn._linear_pointwise(rows, self.weight, self.bias, "none", [None], "")
         return F.linear(rows, self.weight, self.bias)
 
     def weight_bytes(self) -> int:
-        """Bytes of the weights a forward reads (an opaque tensor has no storage to ask)."""
-        return (self.in_features * self.out_features + (self.out_features if self.bias is not None else 0)) \
-            * self.dtype.itemsize
+        return self.in_features * self.out_features * self.dtype.itemsize + self._bias_bytes()
 
     def __deepcopy__(self, memo: dict) -> PackedLinear:
         # deepcopy's default would read the opaque tensor's storage, which it has none of.
         twin = PackedLinear.__new__(PackedLinear)
         torch.nn.Module.__init__(twin)
-        twin.in_features, twin.out_features, twin.dtype = self.in_features, self.out_features, self.dtype
-        twin.packed, twin.min_rows = self.packed, self.min_rows
+        for name in ("in_features", "out_features", "dtype", "kernel", "packed", "min_rows"):
+            setattr(twin, name, getattr(self, name))
         for name, buffer in self._buffers.items():
             twin.register_buffer(name, None if buffer is None else buffer.clone(), persistent=False)
         memo[id(self)] = twin
         return twin
 
-    def extra_repr(self) -> str:
-        kernel = "oneDNN prepacked" if self.packed else "F.linear"
-        return f"{self.in_features} -> {self.out_features}, {self.dtype}, {kernel}, min_rows={self.min_rows}"
+
+class Int4Linear(BlockLinear):
+    """Weight-only int4: codes in groups with a scale and a zero each
+    (`torch.ops.aten._weight_int4pack_mm_for_cpu`; activations, scales and output in `dtype`)."""
+
+    def __init__(self, weight: Int4Weight, bias: torch.Tensor | None, dtype: torch.dtype):
+        out_features, in_features = weight.codes.shape
+        if not fits_int4(in_features, out_features, weight.group):
+            raise SpecdecError(f"an int4 layer needs outputs in multiples of 16 and inputs in whole groups "
+                               f"of {weight.group}; this one is {in_features} -> {out_features}")
+        super().__init__(in_features, out_features, dtype, bias, f"int4 g{weight.group}")
+        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(weight.codes.to(torch.int32), 1)
+        self.register_buffer("packed", packed, persistent=False)
+        # [in / group, out, 2]: the kernel's layout of the (scale, zero) pairs
+        pairs = torch.stack([weight.scales, weight.zeros], dim=-1).transpose(0, 1).contiguous().to(dtype)
+        self.register_buffer("scales_zeros", pairs, persistent=False)
+        self.group = weight.group
+        self._probe(packed.device)
+
+    def _compute(self, rows: torch.Tensor) -> torch.Tensor:
+        out = torch.ops.aten._weight_int4pack_mm_for_cpu(rows, self.packed, self.group, self.scales_zeros)
+        return out if self.bias is None else out + self.bias
+
+    def weight_bytes(self) -> int:
+        return self.packed.numel() + self.scales_zeros.numel() * self.scales_zeros.element_size() + self._bias_bytes()
+
+
+def fits_int4(in_features: int, out_features: int, group: int) -> bool:
+    """Whether the int4 kernel takes a layer of this shape."""
+    return out_features % 16 == 0 and in_features % group == 0
+
+
+def fits_int8(in_features: int) -> bool:
+    """Whether the int8 kernel takes a layer of this shape (torch 2.13's bf16 path, given 2 or more
+    rows, crashes on inputs that are not a multiple of 8 wide: measured, a segmentation fault)."""
+    return in_features % 8 == 0
+
+
+class Int8Linear(BlockLinear):
+    """Weight-only int8 with one scale per output row (`torch.ops.aten._weight_int8pack_mm`)."""
+
+    def __init__(self, weight: Int8Weight, bias: torch.Tensor | None, dtype: torch.dtype):
+        out_features, in_features = weight.codes.shape
+        if not fits_int8(in_features):
+            raise SpecdecError(f"an int8 layer needs inputs in multiples of 8; this one has {in_features}")
+        super().__init__(in_features, out_features, dtype, bias, "int8")
+        self.register_buffer("codes", weight.codes.contiguous(), persistent=False)
+        self.register_buffer("scales", weight.scales.to(dtype), persistent=False)
+        self._probe(weight.codes.device)
+
+    def _compute(self, rows: torch.Tensor) -> torch.Tensor:
+        out = torch.ops.aten._weight_int8pack_mm(rows, self.codes, self.scales)
+        return out if self.bias is None else out + self.bias
+
+    def weight_bytes(self) -> int:
+        return self.codes.numel() + self.scales.numel() * self.scales.element_size() + self._bias_bytes()
 
 
 # probe_min_rows's finding per (packed, in, out, dtype, device, bias): one probe per layer shape.
@@ -111,12 +191,18 @@ _MIN_ROWS: dict[tuple, int | None] = {}
 @torch.inference_mode()
 def probe_min_rows(compute: Callable[[torch.Tensor], torch.Tensor], in_features: int, dtype: torch.dtype,
                    device: torch.device) -> int | None:
-    """1 if every row of random input gets the same bits alone and in blocks of 2..17 rows at any
-    position; 2 if only the blocks of 2..17 rows agree; None if they do not."""
+    """The fewest rows every block must be padded to for a row's bits not to depend on the block:
+    1 if random rows get the same bits alone and in blocks of 2..17 at any position; 2 if only
+    the blocks of 2..17 rows agree; 17 if blocks of different sizes disagree but a block of 17
+    keeps a row's bits whatever its position and the other rows (GPU GEMMs choose tiles and
+    split-K by the row count: padding is nearly free there, where decoding is memory-bound);
+    None if not even that holds."""
     gen = torch.Generator().manual_seed(0)
-    x = torch.randn(max(PROBE_ROWS), in_features, generator=gen).to(dtype=dtype, device=device)
+    widest_rows = max(PROBE_ROWS)
+    x = torch.randn(widest_rows, in_features, generator=gen).to(dtype=dtype, device=device)
     widest = compute(x)
-    for m in PROBE_ROWS[1:-1]:
-        if not torch.equal(compute(x[:m]), widest[:m]):
-            return None
-    return 1 if torch.equal(compute(x[:1]), widest[:1]) else 2
+    if all(torch.equal(compute(x[:m]), widest[:m]) for m in PROBE_ROWS[1:-1]):
+        return 1 if torch.equal(compute(x[:1]), widest[:1]) else 2
+    shuffled = torch.randn(widest_rows, in_features, generator=gen).to(dtype=dtype, device=device)
+    shuffled[widest_rows // 2] = x[0]
+    return widest_rows if torch.equal(compute(shuffled)[widest_rows // 2], widest[0]) else None

@@ -1,0 +1,82 @@
+"""A GGUF file's linear weights by the Hugging Face module they belong to: Q4_K tensors as exact
+int4 groups, every other type dequantized exactly to float32 (for int8 rounding).
+
+Names follow llama.cpp's convention for the Qwen2/Llama family (blk.N.attn_q ...); each decoded
+tensor is checked against the same weight in the dense model that transformers dequantized from
+this file, so a wrong name or layout fails at conversion, not in a wrong answer later.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import torch
+from gguf import GGMLQuantizationType, GGUFReader, quants
+
+from ..errors import SpecdecError
+from .weights import Int4Weight, q4k_to_int4
+
+_LAYER = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+          "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+          "ffn_down": "mlp.down_proj"}
+
+
+def hf_name(gguf_name: str) -> str | None:
+    """The Hugging Face module name of a GGUF weight tensor, None for non-linear tensors."""
+    if gguf_name == "output.weight":
+        return "lm_head"
+    match = re.fullmatch(r"blk\.(\d+)\.(\w+)\.weight", gguf_name)
+    if match and match.group(2) in _LAYER:
+        return f"model.layers.{match.group(1)}.{_LAYER[match.group(2)]}"
+    return None
+
+
+def linear_weights(path: Path) -> Iterator[tuple[str, str, Int4Weight | torch.Tensor]]:
+    """(module name, GGUF type name, weight) for every linear weight in the file: an Int4Weight
+    for Q4_K, else the float32 tensor [out, in] the blocks stand for."""
+    reader = GGUFReader(str(path))
+    for tensor in reader.tensors:
+        name = hf_name(tensor.name)
+        if name is None:
+            continue
+        shape = tuple(int(n) for n in reversed(tensor.shape.tolist()))  # GGUF lists dims inner first
+        kind = tensor.tensor_type
+        if kind == GGMLQuantizationType.Q4_K:
+            yield name, kind.name, q4k_to_int4(tensor.data, shape)
+        else:
+            dense = np.asarray(quants.dequantize(tensor.data, kind), dtype=np.float32).reshape(shape)
+            yield name, kind.name, torch.from_numpy(dense)
+
+
+def matching(name: str, weight: Int4Weight | torch.Tensor, dense: torch.Tensor, heads: int | None
+             ) -> Int4Weight | torch.Tensor:
+    """The decoded weight in the row order of `dense`, the weight transformers dequantized from
+    the same file (specdec's cache stores it in bfloat16). llama.cpp stores a Llama model's q and
+    k rows interleaved for its rotary layout (`heads`: that projection's head count), which
+    transformers undoes; so is tried here. Raises if neither order matches."""
+    for candidate in (weight, _rows_unpermuted(weight, heads) if heads else None):
+        if candidate is None:
+            continue
+        decoded = candidate.dequantize() if isinstance(candidate, Int4Weight) else candidate
+        if decoded.shape == dense.shape and torch.equal(decoded.bfloat16(), dense.bfloat16()):
+            return candidate
+    raise SpecdecError(
+            f"{name}: the weight decoded from the GGUF file differs from transformers' dequantization of "
+            "the same file (an architecture whose GGUF layout specdec does not map yet); use --target-quant "
+            "with a Hugging Face folder instead"
+        )
+
+
+def _rows_unpermuted(weight: Int4Weight | torch.Tensor, heads: int) -> Int4Weight | torch.Tensor:
+    """Undo llama.cpp's per-head interleave of rotary rows (rows [h, d/2, 2] -> [h, 2, d/2]), as
+    transformers' GGUF loader does."""
+    def fix(t: torch.Tensor) -> torch.Tensor:
+        rows = t.shape[0]
+        return t.reshape(heads, rows // heads // 2, 2, *t.shape[1:]).transpose(1, 2).reshape(t.shape)
+
+    if isinstance(weight, Int4Weight):
+        return Int4Weight(fix(weight.codes), fix(weight.scales), fix(weight.zeros), weight.group)
+    return fix(weight)
