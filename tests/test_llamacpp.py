@@ -144,8 +144,8 @@ def test_perplexity_is_finite_plausible_and_near_transformers(hf_smol, capsys):
     theirs = llamacpp.transformers_nll(model, ids, window=512, stride=256)
     assert ours.n_scored == theirs.n_scored == len(ids) - 1
     assert math.isfinite(ours.perplexity) and 2 < ours.perplexity < 60
-    # Same weight values up to bf16 rounding: an index slip would move the perplexity far more.
-    assert ours.perplexity == pytest.approx(theirs.perplexity, rel=0.1)
+    # Same weight values up to bf16 rounding (measured 31.59 vs 31.53); an index slip moves it far more.
+    assert ours.perplexity == pytest.approx(theirs.perplexity, rel=0.03)
     with capsys.disabled():
         print(f"\n[llama.cpp] SmolLM2 perplexity, {len(ids)} tokens, window 512 / stride 256: "
               f"llama.cpp Q4_1 {ours.perplexity:.3f}, transformers float32 {theirs.perplexity:.3f}")

@@ -214,6 +214,14 @@ def _hf_side(name: str):
     return AutoTokenizer.from_pretrained(folder), [eos] if isinstance(eos, int) else list(eos or [])
 
 
+def _load() -> list[float]:
+    """The 1/5/15-minute load average, printed with every figure: llama.cpp's threads spin at
+    barriers, so another busy process on a 2-core machine cuts its speed several times over."""
+    import os
+
+    return [round(x, 2) for x in os.getloadavg()]
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """`python -m specdec.llamacpp bench|perplexity`: the figures of docs/llamacpp.md."""
     import argparse
@@ -237,6 +245,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--tokens", type=int, default=20480, help="perplexity: leading tokens of the articles")
     parser.add_argument("--window", type=int, default=2048)
     parser.add_argument("--stride", type=int, default=1024)
+    parser.add_argument("--transformers", metavar="DTYPE", help="perplexity: also with transformers in DTYPE")
     args = parser.parse_args(argv)
     tokenizer, eos = _hf_side(args.model)
     path = gguf_file(args.model)
@@ -245,9 +254,18 @@ def main(argv: Sequence[str] | None = None) -> None:
         llm = load(path, n_ctx=args.window, n_threads=args.threads, logits_all=True)
         start = time.perf_counter()
         result = nll(llm, ids, args.window, args.stride)
-        print(json.dumps({"model": args.model, "tokens": len(ids), "scored": result.n_scored,
+        print(json.dumps({"engine": "llama.cpp", "model": args.model, "tokens": len(ids), "scored": result.n_scored, "load_avg": _load(),
                           "window": args.window, "stride": args.stride, "nll_per_token": result.total / result.n_scored,
                           "perplexity": result.perplexity, "seconds": time.perf_counter() - start}))
+        if args.transformers:
+            from .models import load_model
+
+            model, _ = load_model(args.model, dtype=args.transformers)
+            start = time.perf_counter()
+            ref = transformers_nll(model, ids, args.window, args.stride)
+            print(json.dumps({"engine": f"transformers {args.transformers}", "scored": ref.n_scored, "load_avg": _load(),
+                              "nll_per_token": ref.total / ref.n_scored, "perplexity": ref.perplexity,
+                              "seconds": time.perf_counter() - start}))
         return
     prompts, _ = load_prompts(args.dataset, Selection(limit=args.limit))
     encoded = [encode_prompt(tokenizer, p.text) for p in prompts]
@@ -269,7 +287,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     for name, outs in rows.items():
         same = sum(o.new_tokens == p.new_tokens for o, p in zip(outs, rows["plain"]))
         speedups = [o.tokens_per_s / p.tokens_per_s for o, p in zip(outs, rows["plain"])]
-        print(json.dumps({"method": name, "median_tokens_per_s": statistics.median(o.tokens_per_s for o in outs),
+        print(json.dumps({"method": name, "load_avg": _load(), "median_tokens_per_s": statistics.median(o.tokens_per_s for o in outs),
                           "median_speedup": statistics.median(speedups), "same_as_plain": f"{same}/{len(outs)}"}))
 
 
