@@ -153,7 +153,7 @@ class NLL:
         return math.exp(self.total / self.n_scored)
 
 
-def nll(llm: Llama, ids: Sequence[int], window: int = 2048, stride: int = 1024) -> NLL:
+def nll(llm: Llama, ids: Sequence[int], window: int = 2048, stride: int = 1024, progress: bool = False) -> NLL:
     """Token-level NLL of `ids` with llama.cpp's logits over windows(): each window is a fresh
     sequence (no BOS added, unlike llama.cpp's own perplexity tool, so the tokens are exactly
     those transformers_nll scores). Needs a model loaded with logits_all and n_ctx >= window."""
@@ -163,7 +163,7 @@ def nll(llm: Llama, ids: Sequence[int], window: int = 2048, stride: int = 1024) 
         raise SpecdecError(f"window {window} exceeds the model's n_ctx {llm.n_ctx()}")
     ids = list(ids)
     total, count = 0.0, 0
-    for begin, end, first in windows(len(ids), window, stride):
+    for begin, end, first in _windows_shown(len(ids), window, stride, progress):
         llm.reset()
         llm.eval(ids[begin:end])
         # Row r of the scores predicts the token at begin + r + 1.
@@ -173,20 +173,30 @@ def nll(llm: Llama, ids: Sequence[int], window: int = 2048, stride: int = 1024) 
     return NLL(total, count)
 
 
-def transformers_nll(model: PreTrainedModel, ids: Sequence[int], window: int = 2048, stride: int = 1024) -> NLL:
+def transformers_nll(
+    model: PreTrainedModel, ids: Sequence[int], window: int = 2048, stride: int = 1024, progress: bool = False
+) -> NLL:
     """The same NLL with a transformers model, window by window, float32 log-softmax: the
     comparable figure for the dequantized weights."""
     import torch
 
     ids = list(ids)
     total, count = 0.0, 0
-    for begin, end, first in windows(len(ids), window, stride):
+    for begin, end, first in _windows_shown(len(ids), window, stride, progress):
         with torch.no_grad():
             logits = model(torch.tensor([ids[begin:end]], device=model.device)).logits[0]
         rows = logits[first - 1 - begin : end - 1 - begin].float().cpu().numpy()
         total += _nll_of_rows(rows, ids[first:end])
         count += end - first
     return NLL(total, count)
+
+
+def _windows_shown(n_tokens: int, window: int, stride: int, progress: bool) -> Iterator[tuple[int, int, int]]:
+    """windows(), with a progress bar on stderr if asked: 20K tokens take minutes on 2 cores."""
+    from tqdm import tqdm
+
+    plan = list(windows(n_tokens, window, stride))
+    return iter(tqdm(plan, desc="windows", unit="window", disable=not progress))
 
 
 def _nll_of_rows(rows: np.ndarray, targets: Sequence[int], chunk: int = 256) -> float:
@@ -253,7 +263,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         ids = tokenizer("\n\n".join(articles()), add_special_tokens=False)["input_ids"][: args.tokens]
         llm = load(path, n_ctx=args.window, n_threads=args.threads, logits_all=True)
         start = time.perf_counter()
-        result = nll(llm, ids, args.window, args.stride)
+        result = nll(llm, ids, args.window, args.stride, progress=True)
         print(json.dumps({"engine": "llama.cpp", "model": args.model, "tokens": len(ids), "scored": result.n_scored, "load_avg": _load(),
                           "window": args.window, "stride": args.stride, "nll_per_token": result.total / result.n_scored,
                           "perplexity": result.perplexity, "seconds": time.perf_counter() - start}))
@@ -262,7 +272,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
             model, _ = load_model(args.model, dtype=args.transformers)
             start = time.perf_counter()
-            ref = transformers_nll(model, ids, args.window, args.stride)
+            ref = transformers_nll(model, ids, args.window, args.stride, progress=True)
             print(json.dumps({"engine": f"transformers {args.transformers}", "scored": ref.n_scored, "load_avg": _load(),
                               "nll_per_token": ref.total / ref.n_scored, "perplexity": ref.perplexity,
                               "seconds": time.perf_counter() - start}))
