@@ -224,6 +224,21 @@ def _hf_side(name: str):
     return AutoTokenizer.from_pretrained(folder), [eos] if isinstance(eos, int) else list(eos or [])
 
 
+def _first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
+    """The first index where two outputs differ (one may stop early); None when identical."""
+    if list(a) == list(b):
+        return None
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+def _gap_after(llm: Llama, ids: list[int]) -> float:
+    """Top-1 minus top-2 logit for the token after `ids`, from one batch over them."""
+    llm.reset()
+    llm.eval(ids)
+    top = np.sort(llm.scores[len(ids) - 1])[-2:]
+    return float(top[1] - top[0])
+
+
 def _load() -> list[float]:
     """The 1/5/15-minute load average, printed with every figure: llama.cpp's threads spin at
     barriers, so another busy process on a 2-core machine cuts its speed several times over."""
@@ -290,10 +305,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         for name, llm in engines.items():  # interleaved per prompt
             out = generate(llm, ids, args.max_new_tokens, eos)
             rows[name].append(out)
+            diff = _first_difference(out.new_tokens, rows["plain"][-1].new_tokens)
+            # The top-1/top-2 logit gap where plain decoding went on, from a batch over the
+            # common prefix (lookup engines keep all logits): a near-tie explains a flip.
+            gap = _gap_after(llm, list(ids) + out.new_tokens[:diff]) if diff is not None and llm._logits_all else None
             print(json.dumps({"prompt": prompt.id, "method": name, "prompt_tokens": len(ids), "n_new": len(out.new_tokens),
                               "finish": out.finish_reason, "prefill_s": round(out.prefill_s, 3),
-                              "tokens_per_s": out.tokens_per_s,
-                              "same_as_plain": out.new_tokens == rows["plain"][-1].new_tokens}), flush=True)
+                              "tokens_per_s": out.tokens_per_s, "first_difference": diff, "gap": gap}), flush=True)
     for name, outs in rows.items():
         same = sum(o.new_tokens == p.new_tokens for o, p in zip(outs, rows["plain"]))
         speedups = [o.tokens_per_s / p.tokens_per_s for o, p in zip(outs, rows["plain"])]
