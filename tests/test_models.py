@@ -226,6 +226,45 @@ def test_same_vocab_check():
         check_same_vocab(tiny_tokenizer(words), tiny_tokenizer(words), tiny_model(8), tiny_model(3))
 
 
+def test_gguf_file_assembles_once_and_keeps_the_file(cache, pieces, monkeypatch):
+    spec = fake_spec(joined(pieces))
+    monkeypatch.setitem(registry.REGISTRY, spec.name, spec)
+    monkeypatch.setattr(registry, "_piece_paths", lambda s: pieces)
+    path = registry.gguf_file(spec.name)
+    assert path == cache / "fake-model.gguf"
+    assert path.read_bytes() == joined(pieces)
+    stamp = path.stat().st_mtime_ns
+    assert registry.gguf_file(spec.name) == path and path.stat().st_mtime_ns == stamp  # not redone
+    # A conversion made afterwards must not delete the file kept for llama.cpp.
+    monkeypatch.setattr(registry, "_convert", fake_converter([]))
+    registry.converted_folder(spec)
+    assert leftovers(cache) == ["fake-model", "fake-model.gguf", "fake-model.gguf.verified.json"]
+    assert registry.gguf_file(spec.name).read_bytes() == joined(pieces)
+
+
+def test_gguf_file_of_a_single_file_model_is_the_checked_package_file(cache, tmp_path, monkeypatch):
+    folder = tmp_path / "fake_single"
+    folder.mkdir()
+    (folder / "model.gguf").write_bytes(b"GGUF" * 100)
+    spec = ModelSpec(
+        name="fake-single", description="fake", packages=("fake-single==1",), modules=("fake_single",),
+        size=400, sha256=hashlib.sha256(b"GGUF" * 100).hexdigest(), file_in_package="model.gguf",
+    )
+    monkeypatch.setitem(registry.REGISTRY, spec.name, spec)
+    monkeypatch.syspath_prepend(str(tmp_path))  # find_spec locates the package folder, never imports it
+    (folder / "__init__.py").write_text("")
+    assert registry.gguf_file(spec.name) == folder / "model.gguf"
+    assert leftovers(cache) == []  # nothing copied
+    (folder / "model.gguf").write_bytes(b"GGUF" * 99 + b"XXXX")
+    with pytest.raises(SpecdecError, match="corrupt"):
+        registry.gguf_file(spec.name)
+
+
+def test_gguf_file_of_an_unknown_name_lists_known_names(cache):
+    with pytest.raises(SpecdecError, match="smollm2-135m-instruct"):
+        registry.gguf_file("no-such-model")
+
+
 def finite_logits(model, tokenizer) -> bool:
     ids = tokenizer("def add(a, b):\n    return", return_tensors="pt").input_ids
     with torch.no_grad():

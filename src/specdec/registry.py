@@ -111,18 +111,37 @@ def converted_folder(spec: ModelSpec) -> Path:
         return final
     _ensure_writable(cache)
     _remove_stale_temps(cache)
-    pieces = _piece_paths(spec)
-    if spec.file_in_package:
-        gguf = pieces[0]
-        _verify(spec, gguf.stat().st_size, _sha256(gguf))
-    else:
-        gguf = _assembled(spec, pieces, cache)
+    kept = _assembled_path(spec, cache).is_file()  # gguf_file() keeps it for llama.cpp: leave it
+    gguf = _whole_gguf(spec, cache)
     _convert(spec, gguf, final)
-    if not spec.file_in_package:
+    if not spec.file_in_package and not kept:
         # The conversion holds everything; the assembled GGUF would only take another GB of disk.
         _remove(gguf)
         _remove(_verified_marker(gguf))
     return final
+
+
+def gguf_file(name: str) -> Path:
+    """The whole, hash-checked GGUF file of a registry model, for runtimes that read GGUF
+    themselves (llama.cpp, the quantized-weight converter). A single-file model's is the file in
+    its package; a split one is assembled into the cache once and kept there (unlike the copy
+    converted_folder assembles for itself and deletes), so later calls return it at once."""
+    spec = REGISTRY.get(name)
+    if spec is None:
+        raise SpecdecError(f"unknown model {name!r}: GGUF files exist for {', '.join(known_models())}")
+    cache = cache_root()
+    _ensure_writable(cache)
+    _remove_stale_temps(cache)
+    return _whole_gguf(spec, cache)
+
+
+def _whole_gguf(spec: ModelSpec, cache: Path) -> Path:
+    """The package's own file (hash-checked) for a single-file model, else the verified assembly."""
+    pieces = _piece_paths(spec)
+    if spec.file_in_package:
+        _verify(spec, pieces[0].stat().st_size, _sha256(pieces[0]))
+        return pieces[0]
+    return _assembled(spec, pieces, cache)
 
 
 def _is_complete(folder: Path, spec: ModelSpec) -> bool:
@@ -186,7 +205,7 @@ def _piece_paths(spec: ModelSpec) -> list[Path]:
 
 def _assembled(spec: ModelSpec, pieces: list[Path], cache: Path) -> Path:
     """The concatenated GGUF, hash-checked once; a sidecar lets a later run trust it without rehashing."""
-    target = cache / f"{spec.name}.gguf"
+    target = _assembled_path(spec, cache)
     marker = _verified_marker(target)
     if target.is_file() and _marker_matches(marker, target, spec):
         return target
@@ -206,6 +225,10 @@ def _assembled(spec: ModelSpec, pieces: list[Path], cache: Path) -> Path:
         os.replace(tmp, target)
     marker.write_text(json.dumps(_fingerprint(target, spec)))
     return target
+
+
+def _assembled_path(spec: ModelSpec, cache: Path) -> Path:
+    return cache / f"{spec.name}.gguf"
 
 
 def _verified_marker(gguf: Path) -> Path:
