@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from specdec import DraftModel, PromptLookup, check, engine, verify
+from specdec import DraftModel, PromptLookup, check, conformance, engine, verify
+from specdec.hf import hf_greedy
 from specdec.proposers import draft as draft_module
 
 from conftest import perturbed, tiny_model
@@ -67,3 +68,47 @@ def test_marginal_of_a_hand_joint():
     joint = {(0, 1): 0.25, (0, 2): 0.25, (1, 1): 0.5}
     assert check.marginal(joint, (0,)) == {(0,): 0.5, (1,): 0.5}
     assert check.marginal(joint, (1,)) == {(1,): 0.75, (2,): 0.25}
+
+
+def test_greedy_check_allows_no_difference_even_at_a_tie(pair, monkeypatch):
+    """Against specdec's own plain decoding there is no tolerance: with every gap counted as a
+    near-tie, a speculative output changed at one token still fails."""
+    target, draft = pair
+    real = check.generate
+
+    def spec_changed(model, prompt, drafter=None, **kw):
+        out = real(model, prompt, drafter=drafter, **kw)
+        if drafter is not None:
+            out.new_tokens[5] = (out.new_tokens[5] + 1) % 16
+        return out
+
+    monkeypatch.setattr(check, "generate", spec_changed)
+    monkeypatch.setattr(conformance, "NEAR_TIE_TOLERANCE", {torch.float32: 1e9})
+    result = check.check_greedy(target, DraftModel(draft, 3), PROMPTS, 24)
+    assert not result.passed and "FAILURE" in result.detail and "new token 5" in result.detail
+
+
+def test_transformers_agreement_on_a_fresh_model():
+    target = tiny_model(11, vocab=16, layers=1, init=0.5)  # transformers first, on unmodified layers
+    eos = engine.eos_token_ids(target)
+    hf = [hf_greedy(target, p, 24, eos) for p in PROMPTS]
+    result = check.check_transformers(target, PROMPTS, hf, 24)
+    assert result.passed and result.detail.startswith("2/2 prompts equal"), result.detail
+
+
+def test_transformers_difference_off_a_tie_fails():
+    target = tiny_model(11, vocab=16, layers=1, init=0.5)
+    eos = engine.eos_token_ids(target)
+    hf = [hf_greedy(target, p, 24, eos) for p in PROMPTS]
+    hf[1][4] = (hf[1][4] + 1) % 16
+    result = check.check_transformers(target, PROMPTS, hf, 24)
+    assert not result.passed and result.detail.startswith("1/2 prompts equal"), result.detail
+    assert "new token 4" in result.detail and "not a tie" in result.detail
+
+
+def test_difference_kinds():
+    from specdec.conformance import Difference
+
+    assert Difference(0, 1, 2, 0.0, 0.5).kind == "exact tie"
+    assert Difference(0, 1, 2, 0.125, 0.5).kind == "near-tie"
+    assert Difference(0, 1, 2, 2.0, 0.5).kind == "not a tie"

@@ -26,6 +26,8 @@ def cmd_check(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from .. import check
+    from ..engine import eos_token_ids
+    from ..hf import hf_greedy
     from ..prompts import encode_prompt
 
     method = method_of(args)
@@ -39,13 +41,18 @@ def cmd_check(args: argparse.Namespace) -> int:
         raise SpecdecError("auto chose plain decoding for this setup: nothing to check; use --proposer draft or lookup")
     raw = lambda text: tokenizer(text)["input_ids"]
     start = time.perf_counter()
-    eta = check.estimate_seconds(target, drafter, plan, raw)
-    print(f"[check] estimated time: about {eta / 60:.1f} min", file=sys.stderr)
     prompts = [encode_prompt(tokenizer, t, raw=args.raw) for t in check.GREEDY_PROMPTS[: plan.greedy_prompts]]
+    # transformers first: specdec's first generation repacks the target's layers in place.
+    eos = eos_token_ids(target)
+    hf = [hf_greedy(target, p, plan.greedy_tokens, eos)
+          for p in tqdm(prompts, desc="transformers' generate", file=sys.stderr)]
+    eta = check.estimate_seconds(target, drafter, plan, raw)
+    print(f"[check] estimated time: about {eta / 60:.1f} min more", file=sys.stderr)
     contexts = [raw(t) for t in check.SAMPLING_CONTEXTS]
     with tqdm(total=plan.samples * len(contexts), desc="sampling", file=sys.stderr) as bar:
         results = check.run_checks([
             ("greedy", lambda: check.check_greedy(target, drafter, prompts, plan.greedy_tokens)),
+            ("transformers", lambda: check.check_transformers(target, prompts, hf, plan.greedy_tokens)),
             ("sampling", lambda: check.check_sampling(target, drafter, contexts, plan, progress=bar.update)),
             ("invariants", lambda: check.check_invariants(target, drafter, prompts[0], plan.greedy_tokens)),
         ])
