@@ -316,6 +316,9 @@ def test_full_bench_on_tiny_models(tiny_pair, dataset, tmp_path, monkeypatch):
     ar_tps = {r["prompt_id"]: r["tokens_per_s"] for r in rows if r["method"] == "ar"}
     for label in labels[1:]:
         assert overall[label]["greedy_equal"]["mismatches"] == 0, label
+        if label != "hf-ar":  # against transformers on its unmodified copy: equal here, or explained
+            agree = overall[label]["hf_agreement"]
+            assert agree["prompts_compared"] == 4 and agree["unexplained"] == 0, (label, agree)
         assert overall[label]["greedy_equal"]["prompts_compared"] == 4
         # the summary's speedups are the rows' paired ratios over ar, and their median
         mine = {r["prompt_id"]: r["tokens_per_s"] / ar_tps[r["prompt_id"]] for r in rows if r["method"] == label}
@@ -484,3 +487,33 @@ def test_bench_cli_on_smollm2(tmp_path):
     for label in ("lookup:k=4:ngram=3", "hf-ar"):
         assert summary["overall"]["methods"][label]["greedy_equal"]["mismatches"] == 0
     assert (out / "report.md").is_file() and (out / "speedup.png").is_file()
+
+
+def test_differences_from_hf_ar_are_explained_by_the_target_gap(tmp_path):
+    """A row that parts from hf-ar's gets its first differing token and the target's gap there;
+    an unexplained difference (no post-pass yet) and one that is not a tie are counted."""
+    from specdec.bench.agreement import agreement, explain_differences, read_differences
+    from specdec.engine import generate
+
+    target = tiny_model(3, vocab=16, layers=1, init=0.5)
+    prompt = [1, 5, 9, 2]
+    plain = generate(target, prompt, max_new_tokens=8, eos_token_id=[]).new_tokens
+    changed = plain[:3] + [(plain[3] + 1) % 16] + plain[4:]
+    rows = [{"prompt_id": "p", "repeat": 0, "method": "hf-ar", "new_tokens": plain},
+            {"prompt_id": "p", "repeat": 0, "method": "ar", "new_tokens": plain},
+            {"prompt_id": "p", "repeat": 0, "method": "lookup:k=2:ngram=3", "new_tokens": changed}]
+    ref, other = rows[:1], rows[2:]
+    assert agreement(other, ref, {})["unexplained"] == 1  # not yet explained
+    with RowWriter(tmp_path, {"methods": []}) as w:
+        for r in rows:
+            w.write(r)
+    explain_differences(tmp_path, target, {"p": prompt})
+    found = read_differences(tmp_path)
+    assert list(found) == ["lookup:k=2:ngram=3|p|0"]
+    d = found["lookup:k=2:ngram=3|p|0"]
+    assert d["position"] == 3 and d["reference_token"] == plain[3] and d["token"] == changed[3]
+    assert d["gap"] > d["tolerance"] and d["kind"] == "not a tie"  # a random model's logits are far apart
+    result = agreement(other, ref, found)
+    assert result["prompts_equal"] == 0 and result["unexplained"] == 1
+    assert agreement(rows[1:2], ref, found) == {"reference": "hf-ar", "prompts_compared": 1, "prompts_equal": 1,
+                                                "differences": [], "unexplained": 0}

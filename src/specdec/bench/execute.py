@@ -9,6 +9,7 @@ target call (`round_tokens`), and forward hooks count the model calls.
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -21,6 +22,9 @@ from transformers.generation import BaseStreamer
 from ..advice import Advice
 from ..build import Drafts, build_proposer
 from ..engine import generate
+from ..errors import SpecdecError
+from ..forward import is_prepared
+from ..hf import generation_config
 from ..lm import CausalLM
 from ..machine import PeakMemory, synchronize
 from ..method import Method
@@ -50,15 +54,33 @@ class Executor:
         `advice` gives the cost terms of methods with pay=1 (--pay-rule FILE)."""
         self.target, self.drafts, self.settings, self.memory = target, drafts, settings, memory
         self.auto, self.advice = auto, advice
+        self._stock: dict[int, PreTrainedModel] = {}  # id(model) -> its unmodified copy, for HF methods
 
     def prepare(self, methods: list[Method]) -> None:
         """Build the draft variants and pay rules the methods need now, so a bad option fails
         before any run."""
         resolved = [self._resolved(m) for m in methods]
         self.drafts.prepare(resolved)
+        # transformers' generate runs on copies made before specdec's first generation repacks the
+        # models in place, so hf-* rows measure stock transformers (at the cost of their memory).
+        hf = [m for m in resolved if m.is_hf]
+        if hf:
+            self._unmodified(self.target)
+        for m in hf:
+            if m.kind == "hf-assisted":
+                self._unmodified(self.drafts.model(m.draft_variant))
         for m in resolved:
             if m.pay:
                 build_proposer(m, self.drafts, self.advice)
+
+    def _unmodified(self, model: PreTrainedModel) -> PreTrainedModel:
+        """The copy of `model` as loaded that transformers' methods run on, made on first use."""
+        if id(model) not in self._stock:
+            if is_prepared(model):
+                raise SpecdecError("transformers' methods need the models as loaded, before any specdec "
+                                   "generation repacks them: call Executor.prepare before running")
+            self._stock[id(model)] = copy.deepcopy(model)
+        return self._stock[id(model)]
 
     def run(self, method: Method, prompt_ids: list[int], repeat: int) -> dict:
         """The measurement fields of one row."""
@@ -112,9 +134,10 @@ class Executor:
         if seed is not None:
             torch.manual_seed(seed)
         draft = extra.get("assistant_model")
-        with _count_calls(self.target) as target_calls, _count_calls(draft) as draft_calls:
+        target = self._unmodified(self.target)
+        with _count_calls(target) as target_calls, _count_calls(draft) as draft_calls:
             clock.start()
-            out = self.target.generate(
+            out = target.generate(
                 ids, attention_mask=torch.ones_like(ids), generation_config=self._hf_config(method, max_new_tokens),
                 streamer=clock, **extra,
             )
@@ -138,22 +161,9 @@ class Executor:
         }
 
     def _hf_config(self, method: Method, max_new_tokens: int) -> GenerationConfig:
-        """A fresh config, so a checkpoint's own defaults (repetition_penalty, top_k=50 ...) cannot
-        make HF decode something other than what specdec decodes."""
-        s = self.settings.sampling
-        eos = list(self.settings.eos_token_ids) or None
-        options = dict(
-            max_new_tokens=max_new_tokens, min_new_tokens=0, eos_token_id=eos,
-            pad_token_id=eos[0] if eos else 0,  # batch of one: never used, but HF warns without it
-        )
-        if s.greedy:
-            options.update(do_sample=False)
-        else:
-            # top_k=0 and top_p=1.0 switch HF's filters off, as None does in specdec.
-            options.update(do_sample=True, temperature=s.temperature, top_k=s.top_k or 0, top_p=s.top_p or 1.0)
-        if method.kind == "hf-lookup":
-            options.update(prompt_lookup_num_tokens=method.k, max_matching_ngram_size=method.ngram)
-        return GenerationConfig(**options)
+        lookup = dict(prompt_lookup_num_tokens=method.k, max_matching_ngram_size=method.ngram)
+        return generation_config(max_new_tokens, self.settings.eos_token_ids, self.settings.sampling,
+                                 **(lookup if method.kind == "hf-lookup" else {}))
 
     def _hf_method_kwargs(self, method: Method) -> dict:
         if method.kind != "hf-assisted":
@@ -161,7 +171,7 @@ class Executor:
         # transformers (5.24) reads these from the assistant's own generation config, not from
         # generate()'s arguments; the confidence threshold (default 0.4) would end drafts early,
         # so it is switched off to propose exactly k tokens per round, as draft:k=K does.
-        draft = self.drafts.model(method.draft_variant)
+        draft = self._unmodified(self.drafts.model(method.draft_variant))
         cfg = draft.generation_config
         cfg.num_assistant_tokens = method.k
         cfg.num_assistant_tokens_schedule = "constant"

@@ -15,6 +15,7 @@ from ..errors import SpecdecError
 from ..fmt import ms, num, pct, table
 from ..stats import DECODE_PHASES
 from ..store import CONFIG, RESULTS, SUMMARY, read_json, read_rows, write_atomic, write_json_atomic, write_text_atomic
+from .agreement import read_differences
 from .summary import summarize
 
 REPORT = "report.md"
@@ -27,7 +28,7 @@ def report_folder(out: Path) -> dict:
     rows = read_rows(out)
     if not rows:
         raise SpecdecError(f"{out / RESULTS} has no finished rows yet: nothing to summarise")
-    summary = summarize(rows, read_json(out / CONFIG))
+    summary = summarize(rows, read_json(out / CONFIG), read_differences(out))
     write_json_atomic(out / SUMMARY, summary)
     write_report(summary, out)
     return summary
@@ -139,15 +140,26 @@ def _prediction_row(label: str, p: dict, i: dict) -> list[str]:
 
 def _equality_section(group: dict) -> list[str]:
     checks = {label: m["greedy_equal"] for label, m in group["methods"].items() if m["greedy_equal"]}
-    if not checks:
-        return []
-    lines = ["## Greedy output equal to ar", ""]
-    for label, c in checks.items():
-        verdict = "all equal" if not c["mismatches"] else (
-            f"**{c['mismatches']} differ**: {', '.join(map(str, c['mismatching_prompts']))}"
-        )
-        lines.append(f"- `{label}`: {c['prompts_compared']} prompts compared, {verdict}")
-    return lines + [""]
+    lines = []
+    if checks:
+        lines += ["## Greedy output equal to ar, bit for bit", ""]
+        for label, c in checks.items():
+            verdict = "all equal" if not c["mismatches"] else (
+                f"**{c['mismatches']} differ**: {', '.join(map(str, c['mismatching_prompts']))}"
+            )
+            lines.append(f"- `{label}`: {c['prompts_compared']} prompts compared, {verdict}")
+        lines.append("")
+    agreements = {label: m["hf_agreement"] for label, m in group["methods"].items() if m.get("hf_agreement")}
+    if agreements:
+        lines += ["## Greedy output against transformers' generate (hf-ar), differences explained", ""]
+        for label, a in agreements.items():
+            found = "; ".join(f"{d['prompt']} (repeat {d['repeat']}): " + (
+                f"token {d['position']}, gap {d['gap']:.3g}, {d['kind']}" if "gap" in d else d["kind"])
+                for d in a["differences"])
+            verdict = f"{a['prompts_equal']}/{a['prompts_compared']} prompts equal" + (f"; {found}" if found else "")
+            lines.append(f"- `{label}`: {verdict}" + (f" (**{a['unexplained']} not ties**)" if a["unexplained"] else ""))
+        lines.append("")
+    return lines
 
 
 def _quartiles(q: dict | None) -> str:

@@ -13,6 +13,7 @@ import numpy as np
 from ..costmodel import Acceptance, Costs, prediction_error, predicted_speedup
 from ..method import Method, legacy, parse
 from ..stats import DECODE_PHASES
+from .agreement import REFERENCE, agreement
 
 BASELINE = "ar"
 BOOTSTRAP_RESAMPLES = 2000
@@ -34,7 +35,12 @@ NOTES = {
     "accept_length_histogram": "[a]: decode rounds that accepted a guesses (rounds that proposed "
     "nothing count at a=0; rounds_without_proposal says how many)",
     "time_per_token_s": "seconds per decode token: each phase's total time over all decode tokens",
-    "greedy_equal": "greedy runs only: prompts whose tokens differ from ar's in any repeat",
+    "greedy_equal": "greedy runs only: prompts whose tokens differ from ar's (specdec's plain decoding) in "
+    "any repeat, compared bit for bit with no tolerance",
+    "hf_agreement": "greedy runs with hf-ar only: prompts equal to transformers' plain generate() (run on an "
+    "unmodified copy of the target) in every repeat; each difference with the target's top-1/top-2 logit "
+    "gap at its first differing token (specdec's forward of the common prefix): an exact tie, a near-tie "
+    "(below conformance.NEAR_TIE_TOLERANCE for the dtype: other kernels round differently) or not a tie",
     "prediction": "costmodel.predicted_speedup fed with this group's measurements: C_T(1) = ar's "
     "verify time per decode round (one target call each); baseline overhead = ar's propose+accept+"
     "other time per round; C_D (shown) = the draft method's propose time per decode draft call (the "
@@ -58,8 +64,9 @@ def config_methods(config: dict) -> dict[str, Method]:
         m["label"]: legacy(m) for m in config["methods"]}
 
 
-def summarize(rows: list[dict], config: dict) -> dict:
-    """The summary.json content for `rows` of a run with `config`."""
+def summarize(rows: list[dict], config: dict, differences: dict | None = None) -> dict:
+    """The summary.json content for `rows` of a run with `config`; `differences` explains the
+    rows that differ from hf-ar's (bench.agreement)."""
     methods = config_methods(config)
     order = list(methods)
     greedy = config["sampling"]["temperature"] == 0
@@ -67,22 +74,29 @@ def summarize(rows: list[dict], config: dict) -> dict:
     return {
         "config": config,
         "notes": NOTES,
-        "overall": summarize_group(rows, order, methods, greedy),
+        "overall": summarize_group(rows, order, methods, greedy, differences or {}),
         "categories": {
-            c: summarize_group([r for r in rows if r["category"] == c], order, methods, greedy) for c in categories
+            c: summarize_group([r for r in rows if r["category"] == c], order, methods, greedy, differences or {})
+            for c in categories
         },
     }
 
 
-def summarize_group(rows: list[dict], order: list[str], methods: dict[str, Method], greedy: bool) -> dict:
+def summarize_group(rows: list[dict], order: list[str], methods: dict[str, Method], greedy: bool,
+                    differences: dict) -> dict:
     by_method = defaultdict(list)
     for row in rows:
         by_method[row["method"]].append(row)
     baseline = by_method.get(BASELINE, [])
+    reference = by_method.get(REFERENCE, []) if greedy else []
     return {
         "n_prompts": len({r["prompt_id"] for r in rows}),
         "methods": {
-            label: summarize_method(by_method[label], label, methods[label], baseline, greedy)
+            label: {
+                **summarize_method(by_method[label], label, methods[label], baseline, greedy),
+                "hf_agreement": agreement(by_method[label], reference, differences)
+                if reference and label != REFERENCE else None,
+            }
             for label in order
             if by_method[label]
         },

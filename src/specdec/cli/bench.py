@@ -52,6 +52,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def cmd_bench(args: argparse.Namespace) -> int:
     import torch
 
+    from ..bench.agreement import REFERENCE, explain_differences
     from ..bench.execute import Executor, RunSettings
     from ..bench.report import REPORT, report_folder
     from ..bench.runner import EncodedPrompt, run_bench
@@ -95,6 +96,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         print(f"\nspecdec: interrupted; the {len(read_rows(out))} finished rows are kept in {out / RESULTS}.\n"
               f"resume with: {_resume_command()}", file=sys.stderr)
         return 130
+    if sampling.greedy and any(m.kind == REFERENCE for m in methods):
+        explain_differences(out, target, {e.prompt.id: e.ids for e in encoded})
     print(_digest(report_folder(out)) + f"\nreport: {out / REPORT}", file=sys.stderr)
     return 0
 
