@@ -65,9 +65,9 @@ def test_advise_json_on_tiny_models(tiny_registry, tmp_path, capsys):
     bw = report["bandwidth"]
     assert report["memory"]["target"] == {"weights": weights, "kv_cache": kv} and bw["bytes_per_step"] == weights + kv
     assert bw["bytes_per_s"] == pytest.approx(bw["bytes_per_step"] / report["c_target"])
-    assert bw["share_of_copy_bandwidth"] == pytest.approx(bw["bytes_per_s"] / bw["copy_bytes_per_s"])
+    assert bw["share_of_read_bandwidth"] == pytest.approx(bw["bytes_per_s"] / bw["read_bytes_per_s"])
     assert bw["verify4_over_step"] == pytest.approx(report["verify"]["4"] / report["c_target"])
-    rule = ("compute" if bw["share_of_copy_bandwidth"] < BANDWIDTH_BOUND
+    rule = ("compute" if bw["share_of_read_bandwidth"] < BANDWIDTH_BOUND
             else "bandwidth" if bw["verify4_over_step"] < 1.5 else "mixed")
     assert bw["bound"] == rule
     assert main([a for a in args if a != "--json"]) == 0

@@ -12,7 +12,7 @@ from specdec.costmodel import Acceptance, Costs, predicted_speedup
 from specdec.errors import SpecdecError
 from specdec.lm import CausalLM, _shared_prefix
 from specdec.longprompt import articles, long_prompt
-from specdec.tune.measure import copy_bandwidth, kv_bytes, measure_model, measured_kv_bytes, time_blocks
+from specdec.tune.measure import copy_bandwidth, kv_bytes, read_bandwidth, measure_model, measured_kv_bytes, time_blocks
 from specdec.stats import GenerationStats
 
 from conftest import word_tokenizer
@@ -89,8 +89,9 @@ def test_kv_bytes_formula_matches_the_cache_tensors(models):
     assert kv_bytes(target, 37) == 2 * 2 * 37 * 2 * 8 * 4 == measured_kv_bytes(lm)
 
 
-def test_copy_bandwidth_is_positive():
+def test_copy_and_read_bandwidth_are_positive():
     assert copy_bandwidth(megabytes=8, repeats=2) > 1e8  # any machine copies 100 MB/s
+    assert read_bandwidth(megabytes=8, repeats=2) > 1e8
 
 
 def stats_of(proposed, accepted, propose_s=0.4, accept_s=0.1) -> GenerationStats:
@@ -156,9 +157,11 @@ def test_recommend_says_no_when_the_draft_is_too_expensive():
 
 def test_bandwidth_verdict():
     fast_blocks = {1: 1.0, 4: 1.1}
-    assert bandwidth_verdict(8e9, 1.0, 10e9, fast_blocks)["bound"] == "bandwidth"
-    assert bandwidth_verdict(2e9, 1.0, 10e9, fast_blocks)["bound"] == "compute"
-    assert bandwidth_verdict(8e9, 1.0, 10e9, {1: 1.0, 4: 1.9})["bound"] == "mixed"
+    assert bandwidth_verdict(8e9, 1.0, 10e9, 5e9, fast_blocks)["bound"] == "bandwidth"
+    assert bandwidth_verdict(2e9, 1.0, 10e9, 5e9, fast_blocks)["bound"] == "compute"
+    assert bandwidth_verdict(8e9, 1.0, 10e9, 5e9, {1: 1.0, 4: 1.9})["bound"] == "mixed"
+    # the share is of the read bandwidth, the step's roofline, not of the copy figure
+    assert bandwidth_verdict(8e9, 1.0, 10e9, 5e9, fast_blocks)["share_of_read_bandwidth"] == pytest.approx(0.8)
 
 
 def test_long_prompts_have_the_exact_length_and_share_their_ending():
@@ -172,3 +175,19 @@ def test_long_prompts_have_the_exact_length_and_share_their_ending():
         long_prompt(tok, 5)
     with pytest.raises(SpecdecError, match="at most"):
         long_prompt(tok, 10**7)
+
+
+def test_weight_bytes_counts_what_a_step_reads():
+    """An untied input embedding is read one row a step, so it is left out; once specdec's
+    forward repacks the model, the packed layers (float32 head included) are counted instead."""
+    from conftest import tiny_model
+
+    from specdec.forward import prepare
+    from specdec.tune.measure import weight_bytes
+
+    model = tiny_model(0, vocab=64, layers=1)
+    params = sum(p.numel() * p.element_size() for p in model.parameters())
+    embedding = 64 * 32 * 4
+    assert weight_bytes(model) == params - embedding
+    prepare(model)
+    assert weight_bytes(model) >= params - embedding  # packing may pad, never drops a layer

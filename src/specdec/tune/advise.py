@@ -17,7 +17,7 @@ from ..errors import SpecdecError
 from ..method import DEFAULT_NGRAM, Method
 from .calibration import Calibration
 
-# A decode step that reads memory at this share of the copy bandwidth or more is bandwidth-bound:
+# A decode step that reads memory at this share of the read bandwidth or more is bandwidth-bound:
 # guesses then ride along almost free in a verify block.
 BANDWIDTH_BOUND = 0.5
 # Below this predicted speedup the advice is "don't speculate": the model's error (docs/bench) is
@@ -92,18 +92,20 @@ def _reason(costs: Costs, cal: Calibration, alpha: float, k: int, speedup: float
             f"break-even at k=1 is {be if be is None else round(be, 2)}")
 
 
-def bandwidth_verdict(decode_bytes: int, c_target: float, copy_bytes_per_s: float,
+def bandwidth_verdict(decode_bytes: int, c_target: float, read_bytes_per_s: float, copy_bytes_per_s: float,
                       verify: dict[int, float]) -> dict:
-    """Is one decode step limited by memory bandwidth or by compute on this machine?"""
+    """Is one decode step limited by memory bandwidth or by compute on this machine? A step only
+    reads (weights, KV), so its rate is set against the measured read bandwidth, its roofline."""
     used = decode_bytes / c_target
-    share = used / copy_bytes_per_s
+    share = used / read_bytes_per_s
     growth = verify.get(4, max(verify.values())) / c_target
     if share < BANDWIDTH_BOUND:
         bound = "compute"
     else:  # the step streams memory; whether blocks ride along depends on the compute left
         bound = "bandwidth" if growth < 1.5 else "mixed"
-    return {"bytes_per_step": decode_bytes, "bytes_per_s": used, "copy_bytes_per_s": copy_bytes_per_s,
-            "share_of_copy_bandwidth": share, "verify4_over_step": growth, "bound": bound}
+    return {"bytes_per_step": decode_bytes, "bytes_per_s": used, "read_bytes_per_s": read_bytes_per_s,
+            "share_of_read_bandwidth": share, "copy_bytes_per_s": copy_bytes_per_s,
+            "verify4_over_step": growth, "bound": bound}
 
 
 def run_advise(target, drafts, families: list[Method], tokenizer, settings: AdviseSettings,
@@ -121,10 +123,10 @@ def run_advise(target, drafts, families: list[Method], tokenizer, settings: Advi
     from ..engine import generate
     from ..lm import CausalLM, logit_width
     from ..longprompt import long_prompt
-    from .measure import copy_bandwidth, decode_bytes, kv_bytes, measure_model, weight_bytes
+    from .measure import copy_bandwidth, decode_bytes, kv_bytes, measure_model, read_bandwidth, weight_bytes
 
-    progress("copy bandwidth")
-    bandwidth = copy_bandwidth(device=target.device)
+    progress("read and copy bandwidth")
+    bandwidth = read_bandwidth(device=target.device), copy_bandwidth(device=target.device)
     if tokenizer is None:  # random weights: the values of the context's tokens cost nothing
         ids = torch.randint(logit_width(target), (settings.context,), generator=torch.Generator().manual_seed(0))
     else:
@@ -170,7 +172,7 @@ def run_advise(target, drafts, families: list[Method], tokenizer, settings: Advi
         c_target=t_costs.step, verify=verify, c_draft=c_draft,
         calibration={family.label: cal.record() for family, (_, cal) in measured.items()},
         proposers=verdicts, choice=choice, plain_tokens_per_s=plain.tokens_per_s,
-        bandwidth=bandwidth_verdict(decode_bytes(target, settings.context), t_costs.step, bandwidth, verify),
+        bandwidth=bandwidth_verdict(decode_bytes(target, settings.context), t_costs.step, *bandwidth, verify),
         memory={name: {"weights": weight_bytes(m), "kv_cache": kv_bytes(m, settings.context)}
                 for name, m in models.items()},
         acceptance_from="saved" if saved is not None else "measured",

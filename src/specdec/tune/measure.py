@@ -73,24 +73,39 @@ def measure_model(lm: CausalLM, context_ids: torch.Tensor, rows: Iterable[int], 
 
 def copy_bandwidth(megabytes: int = 512, repeats: int = 5, device: str | torch.device = "cpu") -> float:
     """Bytes per second the machine moves in a large tensor copy (read + write counted)."""
-    n = megabytes * 2**20 // 4
-    src = torch.ones(n, dtype=torch.float32, device=device)
+    src = torch.ones(megabytes * 2**20 // 4, dtype=torch.float32, device=device)
     dst = torch.empty_like(src)
+    return 2 * src.numel() * 4 / _median_seconds(lambda: dst.copy_(src), repeats, src.device)
+
+
+def read_bandwidth(megabytes: int = 1024, repeats: int = 5, device: str | torch.device = "cpu") -> float:
+    """Bytes per second the machine reads from a large tensor (a max over it: no writes, little
+    arithmetic), the ceiling of a decode step, which only reads weights and KV."""
+    src = torch.ones(megabytes * 2**20 // 4, dtype=torch.float32, device=device)
+    return src.numel() * 4 / _median_seconds(lambda: src.amax(), repeats, src.device)
+
+
+def _median_seconds(op, repeats: int, device: torch.device) -> float:
+    """Median time of `op` over `repeats` runs after one discarded warm-up."""
     times = []
     for _ in range(repeats + 1):
-        synchronize(src.device)
+        synchronize(device)
         start = time.perf_counter()
-        dst.copy_(src)
-        synchronize(src.device)
+        op()
+        synchronize(device)
         times.append(time.perf_counter() - start)
-    return 2 * src.numel() * 4 / statistics.median(times[1:])
+    return statistics.median(times[1:])
 
 
 def weight_bytes(model: PreTrainedModel) -> int:
-    """Bytes of all weights (a decode step reads each once): the parameters, and the weights that
-    specdec's packed linear layers (specdec.forward) and torch's dynamic int8 ones hold outside
-    them, as buffers or opaque packed tensors."""
+    """Bytes of the weights a decode step reads (each once): the parameters but an input
+    embedding that is not also the output layer, and the weights that specdec's packed linear
+    layers (specdec.forward) and torch's dynamic int8 ones hold outside them, as buffers or
+    opaque packed tensors."""
     total = sum(p.numel() * p.element_size() for p in model.parameters())
+    embedding = model.get_input_embeddings().weight
+    if getattr(model.get_output_embeddings(), "weight", None) is not embedding:
+        total -= embedding.numel() * embedding.element_size()  # a step reads one row of it
     for module in model.modules():
         if isinstance(module, PackedLinear):
             total += module.weight_bytes()

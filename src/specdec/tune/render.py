@@ -15,6 +15,14 @@ BOUND_TEXT = {
 GIB = 2**30
 
 
+def _share(bw: dict) -> str:
+    copy = f"{bw['copy_bytes_per_s'] / 1e9:.1f} GB/s"
+    if "read_bytes_per_s" not in bw:  # advice files written before the read bandwidth was measured
+        return f"{100 * bw['share_of_copy_bandwidth']:.0f}% of the measured copy bandwidth ({copy})"
+    return (f"{100 * bw['share_of_read_bandwidth']:.0f}% of the measured read bandwidth "
+            f"({bw['read_bytes_per_s'] / 1e9:.1f} GB/s; a copy moves {copy}, read + write)")
+
+
 def render(advice: Advice) -> str:
     bw = advice.bandwidth
     lines = [
@@ -22,8 +30,7 @@ def render(advice: Advice) -> str:
         "",
         f"1. {BOUND_TEXT[bw['bound']]}: a target step reads {bw['bytes_per_step'] / GIB:.2f} GiB in "
         f"{advice.c_target * 1e3:.0f} ms = {bw['bytes_per_s'] / 1e9:.1f} GB/s, "
-        f"{100 * bw['share_of_copy_bandwidth']:.0f}% of the measured copy bandwidth "
-        f"({bw['copy_bytes_per_s'] / 1e9:.1f} GB/s); a 4-guess verify block costs {bw['verify4_over_step']:.2f} steps.",
+        f"{_share(bw)}; a 4-guess verify block costs {bw['verify4_over_step']:.2f} steps.",
     ]
     if advice.c_draft:
         costs = [f"{name} {c * 1e3:.0f} ms = {c / advice.c_target:.2f}" for name, c in advice.c_draft.items()]
