@@ -4,4 +4,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-.venv/bin/python -m pytest -q "$@"
+# Two workers, one file each at a time (a module's fixtures load once; the files that load the
+# 1.5B pair are one file, so two copies never meet in memory). SPECDEC_TEST_WORKERS=0: one process.
+.venv/bin/python -m pytest -q -n "${SPECDEC_TEST_WORKERS:-2}" --dist loadfile "$@"

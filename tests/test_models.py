@@ -287,18 +287,6 @@ def test_smollm2_converts_once_then_loads_from_cache(cache, monkeypatch):
     assert finite_logits(model, tokenizer)
 
 
-@pytest.mark.real
-def test_qwen_pair_shares_vocab_and_smollm2_does_not(monkeypatch):
-    # The default cache on purpose: the Qwen conversions take minutes once and other work reuses them.
-    monkeypatch.delenv("SPECDEC_CACHE", raising=False)
-    target, target_tok = load_model(models.DEFAULT_TARGET)
-    draft, draft_tok = load_model(models.DEFAULT_DRAFT)
-    check_same_vocab(target_tok, draft_tok, target, draft)
-    small, small_tok = load_model("smollm2-135m-instruct")
-    with pytest.raises(SpecdecError, match="--proposer lookup"):
-        check_same_vocab(target_tok, small_tok, target, small)
-
-
 @pytest.mark.parametrize("flags,capability,expected", [
     ({"avx2", "avx512f", "avx512_bf16"}, "AVX512", "bfloat16"),  # native bf16 by /proc/cpuinfo
     ({"avx2", "amx_bf16"}, "AVX512", "bfloat16"),
