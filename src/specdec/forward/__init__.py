@@ -2,8 +2,8 @@
 the same arithmetic whether it is decoded alone or verified in a block (docs/design.md, "One
 forward for every token"), on prepacked weights that read faster.
 
-- linear layers: `PackedLinear` (oneDNN-prepacked where the CPU supports the dtype; blocks of at
-  least two rows);
+- linear layers: `PackedLinear` (oneDNN-prepacked where the CPU supports the dtype; short inputs
+  padded to the block size the layer's probe found to keep a row's bits, see forward.linear);
 - attention: row by row in decode and verify forwards (`attention.rows`);
 - logits in float32 from the final norm on, for a target (`float32_logits`): bf16 logits are
   0.125 apart at 16-32, so exact ties between the two best tokens were common.

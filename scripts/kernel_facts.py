@@ -1,0 +1,114 @@
+"""Kernel facts behind specdec's forward (docs/forward.md), on this machine: for each linear
+kernel and dtype, (1) which block sizes keep a row's bits (the row alone vs the same row in
+blocks of 2..17 rows, bitwise) and (2) the time of one pass over the 28 layers' linear weights
+of the registry target (Qwen2.5-Coder-1.5B shapes, distinct random tensors, so every pass streams
+them from memory) at 1..8 rows, with the read rate that implies.
+
+    .venv/bin/python scripts/kernel_facts.py --out docs/forward/kernels-<machine>.json
+
+Kernels: torch's F.linear (MKL for float32, oneDNN for bf16/fp16), specdec's PackedLinear
+(oneDNN prepacked where the CPU runs the dtype, else F.linear), Int8Linear and Int4Linear
+(torch's weight-only int8/int4 kernels, specdec.quant). Takes 5-10 minutes on 2 cores."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
+from specdec.forward.linear import Int4Linear, Int8Linear, PackedLinear, onednn_packs  # noqa: E402
+from specdec.machine import environment  # noqa: E402
+from specdec.quant.weights import int4_rtn, int8_rtn  # noqa: E402
+
+# (in, out) of one Qwen2.5-1.5B layer: q, k, v, o, gate, up, down.
+SHAPES = [(1536, 1536), (1536, 256), (1536, 256), (1536, 1536), (1536, 8960), (1536, 8960), (8960, 1536)]
+LAYERS = 28
+ROWS = (1, 2, 3, 4, 6, 8)
+
+
+class Plain(torch.nn.Module):
+    def __init__(self, linear: torch.nn.Linear):
+        super().__init__()
+        self.weight, self.in_features = linear.weight, linear.in_features
+
+    def forward(self, x):
+        return F.linear(x, self.weight)
+
+    def weight_bytes(self) -> int:
+        return self.weight.numel() * self.weight.element_size()
+
+
+def build(kind: str, linear: torch.nn.Linear, dtype: torch.dtype) -> torch.nn.Module:
+    if kind == "F.linear":
+        return Plain(linear.to(dtype))
+    if kind == "packed":
+        return PackedLinear(linear.to(dtype))
+    if kind == "int8":
+        return Int8Linear(int8_rtn(linear.weight), None, dtype)
+    return Int4Linear(int4_rtn(linear.weight, 32), None, dtype)
+
+
+def invariant_blocks(layer: torch.nn.Module, dtype: torch.dtype) -> list[int]:
+    """Block sizes whose every row equals that row computed alone, bitwise."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(17, layer.in_features, generator=gen).to(dtype)
+    alone = torch.cat([layer(x[i:i + 1]) for i in range(17)])
+    return [m for m in range(2, 18) if torch.equal(layer(x[:m]), alone[:m])]
+
+
+def pass_ms(layers: list[torch.nn.Module], rows: int, dtype: torch.dtype, repeats: int = 5) -> float:
+    x = {k: torch.randn(rows, k).to(dtype) for k in (1536, 8960)}
+    times = []
+    for _ in range(repeats + 1):
+        start = time.perf_counter()
+        for layer in layers:
+            layer(x[layer.in_features])
+        times.append(time.perf_counter() - start)
+    return 1e3 * statistics.median(times[1:])
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--dtypes", default="float32,bfloat16,float16")
+    p.add_argument("--kernels", default="F.linear,packed,int8,int4")
+    args = p.parse_args()
+    torch.manual_seed(0)
+    facts = {"environment": environment("cpu", "various"), "layers": LAYERS, "shapes": SHAPES, "rows": ROWS,
+             "onednn_packs": {}, "kernels": {}}
+    for name in args.dtypes.split(","):
+        dtype = getattr(torch, name)
+        facts["onednn_packs"][name] = onednn_packs(dtype)
+        for kind in args.kernels.split(","):
+            layers = [build(kind, torch.nn.Linear(i, o, bias=False), dtype) for _ in range(LAYERS) for i, o in SHAPES]
+            gb = sum(layer.weight_bytes() for layer in layers) / 1e9
+            blocks = invariant_blocks(layers[4], dtype)  # gate projection, 1536 -> 8960
+            timing = {m: pass_ms(layers, m, dtype) for m in ROWS}
+            facts["kernels"][f"{kind}/{name}"] = {
+                "weight_gb": gb, "blocks_equal_to_row_alone": blocks,
+                "pass_ms": timing, "read_gb_per_s": {m: gb / (t / 1e3) for m, t in timing.items()},
+            }
+            print(f"{kind:>8} {name:<9} {gb:5.2f} GB  row alone == rows in blocks {_ranges(blocks)}  "
+                  + "  ".join(f"M={m} {t:.0f} ms" for m, t in timing.items()), flush=True)
+            del layers
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = args.out.with_suffix(".tmp")
+    tmp.write_text(json.dumps(facts, indent=1))
+    tmp.replace(args.out)
+
+
+def _ranges(blocks: list[int]) -> str:
+    if not blocks:
+        return "none"
+    return f"{blocks[0]}..{blocks[-1]}" if blocks == list(range(blocks[0], blocks[-1] + 1)) else str(blocks)
+
+
+if __name__ == "__main__":
+    main()
