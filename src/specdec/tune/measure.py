@@ -17,7 +17,7 @@ import torch
 from transformers import PreTrainedModel
 
 from ..costmodel import kv_cache_bytes_for_config
-from ..forward import PackedLinear
+from ..forward import BlockLinear
 from ..lm import CausalLM
 from ..machine import synchronize
 
@@ -88,11 +88,11 @@ def copy_bandwidth(megabytes: int = 512, repeats: int = 5, device: str | torch.d
 
 def weight_bytes(model: PreTrainedModel) -> int:
     """Bytes of all weights (a decode step reads each once): the parameters, and the weights that
-    specdec's packed linear layers (specdec.forward) and torch's dynamic int8 ones hold outside
-    them, as buffers or opaque packed tensors."""
+    specdec's packed and quantized linear layers (specdec.forward.linear) and torch's dynamic int8
+    ones hold outside them, as buffers or opaque packed tensors."""
     total = sum(p.numel() * p.element_size() for p in model.parameters())
     for module in model.modules():
-        if isinstance(module, PackedLinear):
+        if isinstance(module, BlockLinear):
             total += module.weight_bytes()
         elif isinstance(module, torch.ao.nn.quantized.dynamic.Linear):
             total += sum(t.numel() * t.element_size() for t in (module.weight(), module.bias()) if t is not None)
