@@ -31,7 +31,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     method = method_of(args)
     if method.kind == "ar":
         raise SpecdecError("check compares a proposer with plain decoding: use --proposer draft or lookup")
-    if method.cat or method.is_hf:
+    if method.cat or method.external:
         raise SpecdecError(f"check runs specdec's proposers on the preallocated cache: not {method.label}")
     plan = settings_of(args, check.CheckPlan)
     target, tokenizer, _, drafter = load_proposer(args)
