@@ -239,59 +239,31 @@ def _gap_after(llm: Llama, ids: list[int]) -> float:
     return float(top[1] - top[0])
 
 
-def _load() -> list[float]:
-    """The 1/5/15-minute load average, printed with every figure: llama.cpp's threads spin at
-    barriers, so another busy process on a 2-core machine cuts its speed several times over."""
-    import os
-
-    return [round(x, 2) for x in os.getloadavg()]
-
-
 def main(argv: Sequence[str] | None = None) -> None:
-    """`python -m specdec.llamacpp bench|perplexity`: the figures of docs/llamacpp.md."""
+    """`python -m specdec.llamacpp bench`: llama.cpp alone, with the first difference of each
+    lookup output from plain decoding and the logit gap there (docs/llamacpp.md). Perplexity:
+    `specdec perplexity`; llama.cpp beside specdec's methods: `specdec bench --methods ar,llamacpp`."""
     import argparse
     import json
     import statistics
 
-    from .bench.datasets import Selection, load_prompts
+    from .datasets import Selection, load_prompts
     from .bench.execute import WARMUP_TOKENS
-    from .longprompt import articles
+    from .machine import load_average
     from .registry import DEFAULT_TARGET, gguf_file
     from .prompts import encode_prompt
 
     parser = argparse.ArgumentParser(prog="python -m specdec.llamacpp")
-    parser.add_argument("what", choices=["bench", "perplexity"])
+    parser.add_argument("what", choices=["bench"])
     parser.add_argument("--model", default=DEFAULT_TARGET)
     parser.add_argument("--threads", type=int, default=None, help="default: torch's thread count")
     parser.add_argument("--dataset", default="humaneval")
     parser.add_argument("--limit", type=int, default=5)
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--lookup", default="10:2,2:3", help="k:max_ngram of each prompt-lookup run")
-    parser.add_argument("--tokens", type=int, default=20480, help="perplexity: leading tokens of the articles")
-    parser.add_argument("--window", type=int, default=2048)
-    parser.add_argument("--stride", type=int, default=1024)
-    parser.add_argument("--transformers", metavar="DTYPE", help="perplexity: also with transformers in DTYPE")
     args = parser.parse_args(argv)
     tokenizer, eos = _hf_side(args.model)
     path = gguf_file(args.model)
-    if args.what == "perplexity":
-        ids = tokenizer("\n\n".join(articles()), add_special_tokens=False)["input_ids"][: args.tokens]
-        llm = load(path, n_ctx=args.window, n_threads=args.threads, logits_all=True)
-        start = time.perf_counter()
-        result = nll(llm, ids, args.window, args.stride, progress=True)
-        print(json.dumps({"engine": "llama.cpp", "model": args.model, "tokens": len(ids), "scored": result.n_scored, "load_avg": _load(),
-                          "window": args.window, "stride": args.stride, "nll_per_token": result.total / result.n_scored,
-                          "perplexity": result.perplexity, "seconds": time.perf_counter() - start}))
-        if args.transformers:
-            from .models import load_model
-
-            model, _ = load_model(args.model, dtype=args.transformers)
-            start = time.perf_counter()
-            ref = transformers_nll(model, ids, args.window, args.stride, progress=True)
-            print(json.dumps({"engine": f"transformers {args.transformers}", "scored": ref.n_scored, "load_avg": _load(),
-                              "nll_per_token": ref.total / ref.n_scored, "perplexity": ref.perplexity,
-                              "seconds": time.perf_counter() - start}))
-        return
     prompts, _ = load_prompts(args.dataset, Selection(limit=args.limit))
     encoded = [encode_prompt(tokenizer, p.text) for p in prompts]
     engines = {"plain": load(path, n_threads=args.threads)}
@@ -315,7 +287,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     for name, outs in rows.items():
         same = sum(o.new_tokens == p.new_tokens for o, p in zip(outs, rows["plain"]))
         speedups = [o.tokens_per_s / p.tokens_per_s for o, p in zip(outs, rows["plain"])]
-        print(json.dumps({"method": name, "load_avg": _load(), "median_tokens_per_s": statistics.median(o.tokens_per_s for o in outs),
+        print(json.dumps({"method": name, "load_avg": load_average(), "median_tokens_per_s": statistics.median(o.tokens_per_s for o in outs),
                           "median_speedup": statistics.median(speedups), "same_as_plain": f"{same}/{len(outs)}"}))
 
 
