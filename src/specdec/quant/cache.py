@@ -59,9 +59,11 @@ def describe(mode: str, group: int) -> str:
     return f"int4-g{group}" if mode == "int4" else mode
 
 
-def quantize_model(model: PreTrainedModel, source: str, mode: str, group: int = 32) -> PreTrainedModel:
-    """`model` (loaded from `source`: a registry name or a folder; unprepared) with its linear
-    layers replaced by `mode` ones, in place; "none" returns it as it is."""
+def quantize_model(model: PreTrainedModel, source: str | None, mode: str, group: int = 32,
+                   weights: Quantized | None = None) -> PreTrainedModel:
+    """`model` (loaded from `source`: a registry name or a folder, None: rounded; unprepared)
+    with its linear layers replaced by `mode` ones, in place; "none" returns it as it is.
+    `weights`: a registry model's registry_weights, where the caller fetched them already."""
     check_options(mode, group, str(model.device), source)
     if mode == "none":
         return model
@@ -78,7 +80,7 @@ def quantize_model(model: PreTrainedModel, source: str, mode: str, group: int = 
         weights = quantize_weights(model, mode, None, group)
         origin = {"source": str(source), "rounded": True}
     else:
-        weights = registry_weights(spec, mode)
+        weights = weights or registry_weights(spec, mode)
         origin = {"source": spec.name, "gguf_sha256": spec.sha256}
     return install(model, _fitted(model, weights), {"mode": mode, "group": group if mode == "int4" else None,
                                                     **origin})
