@@ -9,7 +9,7 @@ import time
 
 from ..errors import SpecdecError
 from ..check import CheckPlan
-from .args import add_method_args, add_model_args, add_settings, load_proposer, method_of, settings_of
+from .args import add_method_args, add_model_args, add_settings, load_proposer, method_of, quant_record, settings_of
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -41,6 +41,9 @@ def cmd_check(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     eta = check.estimate_seconds(target, drafter, plan, raw)
     print(f"[check] estimated time: about {eta / 60:.1f} min", file=sys.stderr)
+    if args.target_quant != "none":  # the reference is the quantized target, not the original weights
+        print(f"[check] the reference is the {quant_record(args)['target']} target's own decoding: "
+              "lossless relative to the quantized weights", file=sys.stderr)
     prompts = [encode_prompt(tokenizer, t, raw=args.raw) for t in check.GREEDY_PROMPTS[: plan.greedy_prompts]]
     contexts = [raw(t) for t in check.SAMPLING_CONTEXTS]
     with tqdm(total=plan.samples * len(contexts), desc="sampling", file=sys.stderr) as bar:
