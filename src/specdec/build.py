@@ -25,7 +25,7 @@ from .lm import CausalLM
 from .method import Method
 from .proposers import DraftModel, Hybrid, PromptLookup, TreeDraft
 from .proposers.base import Proposer
-from .quantize import QUANTIZERS
+from .quantize import quantize_draft
 
 Variant = tuple[str | None, int | None]  # (quant, vocab), as Method.draft_variant
 PLAIN: Variant = (None, None)
@@ -35,9 +35,13 @@ class Drafts:
     """The draft model and its variants; `reuse_caches` keeps one CausalLM per variant (and
     cache layout) so that generations can reuse its prefilled prefix (specdec sweep)."""
 
-    def __init__(self, model: PreTrainedModel | None, tokenizer=None, reuse_caches: bool = False):
-        """`tokenizer` (the target's) is needed only for restricted heads (vocab=N)."""
+    def __init__(self, model: PreTrainedModel | None, tokenizer=None, reuse_caches: bool = False,
+                 source: str | None = None, group: int = 32):
+        """`tokenizer` (the target's) is needed only for restricted heads (vocab=N); `source`
+        (the registry name or folder the draft was loaded from) and `group` only for quantized
+        variants (quant=int4: specdec.quant.cache; without a source the weights are rounded)."""
         self.loaded, self.tokenizer, self.reuse_caches = model, tokenizer, reuse_caches
+        self.source, self.group = source, group
         self._variants: dict[Variant, PreTrainedModel] = {}
         self._lms: dict[tuple[Variant, bool], CausalLM] = {}
         self._consumed_by: Variant | None = None  # the variant made from the loaded model in place
@@ -83,7 +87,7 @@ class Drafts:
             if self.tokenizer is None:
                 raise SpecdecError("vocab=N counts token frequencies with the tokenizer: not with --random-weights")
             restrict_to_frequent(model, self.tokenizer, vocab)
-        return QUANTIZERS[quant](model) if quant else model
+        return quantize_draft(model, quant, self.source, self.group) if quant else model
 
 
 def build_proposer(method: Method, drafts: Drafts | None = None, advice: Advice | None = None) -> Proposer | None:
@@ -92,7 +96,8 @@ def build_proposer(method: Method, drafts: Drafts | None = None, advice: Advice 
     if method.kind == "ar":
         return None
     if not method.speculative:
-        raise SpecdecError(f"{method.label} has no specdec proposer")  # hf-*: transformers runs them; auto: resolve it
+        check_specdec(method)
+        raise SpecdecError(f"{method.label} has no specdec proposer")  # auto: resolve it first
     if method.kind == "lookup":
         return PromptLookup(method.k, max_ngram=method.ngram)
     if drafts is None:
@@ -102,6 +107,14 @@ def build_proposer(method: Method, drafts: Drafts | None = None, advice: Advice 
     if method.kind == "hybrid":
         return Hybrid(draft, PromptLookup(method.k, max_ngram=method.ngram))
     return TreeDraft(draft, width=method.width) if method.width else draft
+
+
+def check_specdec(method: Method) -> None:
+    """Refuse a method that another engine's own generation runs (transformers', llama.cpp's):
+    only specdec bench runs those."""
+    if method.external:
+        raise SpecdecError(f"{method.label} has no specdec proposer: it is another engine's own generation, "
+                           "run in specdec bench only")
 
 
 def pay_rule(method: Method, advice: Advice | None):

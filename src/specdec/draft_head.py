@@ -15,15 +15,13 @@ import torch
 from transformers import PreTrainedModel
 
 from .errors import SpecdecError
-from .forward import is_prepared
+from .forward import PREPARED_FIX, is_prepared
 from .proposers.draft import HEAD_IDS
 
 
 def restrict_head(model: PreTrainedModel, keep: torch.Tensor) -> PreTrainedModel:
     """Replace `model`'s output layer, in place, by one with only the rows of the token ids in
     `keep`; returns the model, which then carries those ids (sorted) as `HEAD_IDS`."""
-    from .quantize import PREPARED_FIX
-
     if is_prepared(model):
         raise SpecdecError(f"this model {PREPARED_FIX}")
     head = model.get_output_embeddings()

@@ -71,15 +71,17 @@ def synchronize(device: torch.device | str) -> None:
         torch.cuda.synchronize(device)
 
 
-def environment(device: str, dtype: str, methods: Iterable[str] = ()) -> dict:
+def environment(device: str, dtype: str, methods: Iterable[str] = (), quant: dict | None = None) -> dict:
     """The facts a run's figures depend on, for its config.json: where the code came from
     (git commit, whether the tree had uncommitted changes), when, on what (CPU model and the
-    flags that matter, native bf16 or not, threads), with what (dtype, torch, transformers)
-    and which methods, each as its full spec. The date and the git state describe the run's
+    flags that matter, native bf16 or not, threads), with what (dtype, the target's weight
+    quantization `quant`, torch, transformers, llama-cpp-python where a method runs it) and which
+    methods, each as its full spec (a draft's quantization is in its spec). The date and the git state describe the run's
     start: a resumed run may differ in them (store.VOLATILE)."""
     import transformers
 
     flags = cpu_flags()
+    methods = list(methods)
     return {
         "git_commit": _git("rev-parse", "HEAD"),
         "git_dirty": None if (status := _git("status", "--porcelain", "--untracked-files=no")) is None else bool(status),
@@ -93,8 +95,27 @@ def environment(device: str, dtype: str, methods: Iterable[str] = ()) -> dict:
         "dtype": dtype,
         "torch": torch.__version__,
         "transformers": transformers.__version__,
-        "methods": list(methods),
+        **({"llama_cpp": _version("llama_cpp_python")} if any(m.startswith("llamacpp") for m in methods) else {}),
+        "quant": quant or {"target": "none"},
+        "methods": methods,
     }
+
+
+def load_average() -> list[float]:
+    """The 1/5/15-minute load average, printed beside speed figures: llama.cpp's threads spin at
+    barriers, so another busy process on a 2-core machine cuts its speed several times over."""
+    import os
+
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def _version(package: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return None
 
 
 def _git(*command: str) -> str | None:

@@ -8,6 +8,7 @@
     lookup:k=8:ngram=3
     hybrid:k=2                  prompt lookup when an n-gram matches, else the draft
     hf-ar, hf-assisted:k=4, hf-lookup:k=4:ngram=3      transformers' own generate()
+    llamacpp, llamacpp-lookup:k=10:ngram=2   llama.cpp on the target's GGUF (specdec.llamacpp)
 
 A spec is parsed and checked once (`parse`): an option its kind does not take, or one that
 contradicts another, is a one-line error naming it. `Method.label` is the canonical spelling:
@@ -24,7 +25,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from .errors import SpecdecError
-from .quantize import QUANTIZERS
+from .quant import MODES
 
 # Measured on the 2-core Xeon (docs/generate.md): a verify block of 2-3 rows (k <= 2) costs ~1.1
 # target steps, 4-6 rows ~1.9, so k=2 pays best there.
@@ -59,8 +60,8 @@ def _switch(text: str) -> bool:
 
 
 def _quant(text: str) -> str | None:
-    if text != "none" and text not in QUANTIZERS:
-        raise ValueError(f"takes none or {', '.join(QUANTIZERS)}")
+    if text not in MODES:
+        raise ValueError(f"takes {', '.join(MODES)}")
     return None if text == "none" else text
 
 
@@ -73,7 +74,7 @@ def _width(text: str) -> int | None:
 OPTIONS: dict[str, tuple[Callable[[str], Any], str]] = {
     "k": (_whole, "tokens guessed per round (the most, with conf or pay)"),
     "ngram": (_whole, "longest n-gram prompt lookup matches"),
-    "quant": (_quant, "the draft's linear layers quantized (specdec.quantize)"),
+    "quant": (_quant, "the draft's linear layers weight-only int8 or int4 (specdec.quant)"),
     "vocab": (_whole, "the draft scores only the N most frequent token ids (specdec.draft_head)"),
     "conf": (_probability, "adaptive k: a round stops after a draft probability below P"),
     "pay": (_switch, "adaptive k by the cost model, from --pay-rule FILE (specdec.adaptive)"),
@@ -91,6 +92,8 @@ KINDS: dict[str, tuple[str, ...]] = {
     "hf-ar": (),
     "hf-assisted": ("k", "quant"),
     "hf-lookup": ("k", "ngram"),
+    "llamacpp": (),
+    "llamacpp-lookup": ("k", "ngram"),
 }
 ALIASES = {"none": "ar"}
 _DEFAULTS = {"k": DEFAULT_K, "ngram": DEFAULT_NGRAM}
@@ -124,6 +127,15 @@ class Method:
     @property
     def is_hf(self) -> bool:
         return self.kind.startswith("hf-")
+
+    @property
+    def is_llamacpp(self) -> bool:
+        return self.kind.startswith("llamacpp")
+
+    @property
+    def external(self) -> bool:
+        """Another engine's own generation runs it (transformers', llama.cpp's): bench only."""
+        return self.is_hf or self.is_llamacpp
 
     @property
     def speculative(self) -> bool:

@@ -29,19 +29,29 @@ def resolve_dtype(dtype: str, device: str = "cpu") -> str:
 
 
 def load_model(
-    name_or_path: str, dtype: str = "auto", device: str = "cpu", trust_remote_code: bool = False
+    name_or_path: str, dtype: str = "auto", device: str = "cpu", trust_remote_code: bool = False,
+    quant: str = "none", group: int = 32,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """A causal LM in eval mode on `device` in `dtype` ("auto": see resolve_dtype), and its tokenizer."""
+    """A causal LM in eval mode on `device` in `dtype` ("auto": see resolve_dtype), and its tokenizer.
+    `quant` "int8" or "int4": its linear layers weight-only quantized (specdec.quant.cache: a
+    registry model from its GGUF, converted once into the model cache; a folder rounded, int4 in
+    groups of `group` inputs); activations, norms and attention stay in `dtype`."""
+    from .quant.cache import check_options, quantize_model, registry_weights
+
     dtype = resolve_dtype(dtype, device)
     if dtype not in DTYPES:
         raise SpecdecError(f"unknown dtype {dtype!r}; use one of: auto, {', '.join(DTYPES)}")
+    check_options(quant, group, device, name_or_path)  # before the slow part
     spec = REGISTRY.get(name_or_path)
     folder = converted_folder(spec) if spec else _local_folder(name_or_path)
+    # Converted (or read from the cache) before this model loads: a conversion loads its own
+    # dense copy, and two dense copies of the 1.5B target in float32 and bf16 take 9 GB.
+    weights = registry_weights(spec, quant) if spec and quant != "none" else None
     # local_files_only: specdec never reaches the Hub; use_safetensors: no pickle is ever unpickled.
     common = {"trust_remote_code": trust_remote_code, "local_files_only": True}
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=DTYPES[dtype], use_safetensors=True, **common)
     tokenizer = AutoTokenizer.from_pretrained(folder, **common)
-    model = model.to(device).eval()
+    model = quantize_model(model.to(device).eval(), name_or_path, quant, group, weights)
     prefer_gqa_attention(model)  # before any forward, so HF generate() in a bench runs alike
     return model, tokenizer
 

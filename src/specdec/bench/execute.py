@@ -1,10 +1,12 @@
-"""One generation of one method on one prompt, timed: specdec's engine or transformers' generate().
+"""One generation of one method on one prompt, timed: specdec's engine, transformers' generate(),
+or llama.cpp's greedy decoding of the target's GGUF (specdec.llamacpp, same prompt token ids).
 
 Both kinds of row carry the same measures: prefill_s (up to the first new token), decode_s (the
 rest), decode_tokens (tokens produced after the first chunk) and tokens_per_s = decode_tokens /
 decode_s, the engine's definition. Phase times, acceptance per round and per position exist only
 for specdec's methods; for HF methods the streamer's chunk sizes give the tokens committed per
-target call (`round_tokens`), and forward hooks count the model calls.
+target call (`round_tokens`), and forward hooks count the model calls; llama.cpp's rows carry the
+outputs and times only.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import torch
 from transformers import GenerationConfig, PreTrainedModel
 from transformers.generation import BaseStreamer
 
+from .. import llamacpp
 from ..advice import Advice
 from ..build import Drafts, build_proposer
 from ..engine import generate
@@ -33,6 +36,7 @@ from ..sampling import SamplingConfig
 # Tokens of the discarded warm-up generation: enough to run prefill and a few rounds of every
 # code path (first calls pay for allocation and thread start-up), short enough to cost little.
 WARMUP_TOKENS = 16
+LLAMACPP_CONTEXT = 8192  # llama.cpp's n_ctx: prompt + new tokens must fit
 
 
 @dataclass(frozen=True)
@@ -48,13 +52,15 @@ class Executor:
 
     def __init__(
         self, target: PreTrainedModel, drafts: Drafts, settings: RunSettings, memory: PeakMemory,
-        auto: Method | None = None, advice: Advice | None = None,
+        auto: Method | None = None, advice: Advice | None = None, target_name: str | None = None,
     ):
         """`auto` is the method the `auto` method stands for here (resolved by the caller);
-        `advice` gives the cost terms of methods with pay=1 (--pay-rule FILE)."""
+        `advice` gives the cost terms of methods with pay=1 (--pay-rule FILE); `target_name`
+        (a registry name) where llama.cpp methods run its GGUF."""
         self.target, self.drafts, self.settings, self.memory = target, drafts, settings, memory
-        self.auto, self.advice = auto, advice
+        self.auto, self.advice, self.target_name = auto, advice, target_name
         self._stock: dict[int, PreTrainedModel] = {}  # id(model) -> its unmodified copy, for HF methods
+        self._llamas: dict[Method, object] = {}
 
     def prepare(self, methods: list[Method]) -> None:
         """Build the draft variants and pay rules the methods need now, so a bad option fails
@@ -72,6 +78,15 @@ class Executor:
         for m in resolved:
             if m.pay:
                 build_proposer(m, self.drafts, self.advice)
+        llama_methods = [m for m in resolved if m.is_llamacpp]
+        if llama_methods:
+            check_llamacpp(llama_methods, self.target_name, self.settings.sampling)
+            from ..registry import gguf_file
+
+            gguf = gguf_file(self.target_name)
+            for m in llama_methods:
+                lookup = (m.k, m.ngram) if m.kind == "llamacpp-lookup" else None
+                self._llamas[m] = llamacpp.load(gguf, n_ctx=LLAMACPP_CONTEXT, lookup=lookup)
 
     def _unmodified(self, model: PreTrainedModel) -> PreTrainedModel:
         """The copy of `model` as loaded that transformers' methods run on, made on first use."""
@@ -97,6 +112,8 @@ class Executor:
         method = self._resolved(method)
         if method.is_hf:
             return self._run_hf(method, prompt_ids, seed, max_new_tokens)
+        if method.is_llamacpp:
+            return self._run_llamacpp(method, prompt_ids, max_new_tokens)
         return self._run_specdec(method, prompt_ids, seed, max_new_tokens)
 
     def _resolved(self, method: Method) -> Method:
@@ -147,17 +164,21 @@ class Executor:
         finish = "eos" if new and new[-1] in eos else "length"
         return {
             **_common(new, finish, clock.prefill_s, clock.decode_s, len(new) - clock.chunks[0]),
-            "times": {"prefill": clock.prefill_s, "decode": clock.decode_s},
-            "rounds": len(clock.chunks) - 1,
-            "proposed": None,
-            "accepted": None,
-            "accept_lengths": None,
-            "proposed_lengths": None,
-            "position_judged": None,
-            "position_accepted": None,
-            "round_tokens": clock.chunks,
+            **_external(clock.prefill_s, clock.decode_s, len(clock.chunks) - 1, clock.chunks),
             "target_calls": target_calls[0],
             "draft_calls": draft_calls[0],
+        }
+
+    def _run_llamacpp(self, method: Method, prompt_ids: list[int], max_new_tokens: int) -> dict:
+        if method not in self._llamas:
+            self.prepare([method])
+        out = llamacpp.generate(self._llamas[method], prompt_ids, max_new_tokens, self.settings.eos_token_ids)
+        return {
+            **_common(out.new_tokens, out.finish_reason, out.prefill_s, out.decode_s, out.decode_tokens),
+            # llama.cpp's generator hands out one token at a time, guessed or not: no rounds.
+            **_external(out.prefill_s, out.decode_s, None, None),
+            "target_calls": None,
+            "draft_calls": None,
         }
 
     def _hf_config(self, method: Method, max_new_tokens: int) -> GenerationConfig:
@@ -177,6 +198,39 @@ class Executor:
         cfg.num_assistant_tokens_schedule = "constant"
         cfg.assistant_confidence_threshold = 0.0
         return {"assistant_model": draft}
+
+
+def check_llamacpp(methods: list[Method], target_name: str | None, sampling: SamplingConfig) -> None:
+    """One-line errors for llama.cpp methods it cannot run here (checked before models load)."""
+    from ..registry import REGISTRY
+
+    if not methods:
+        return
+    label = methods[0].label
+    if target_name not in REGISTRY:
+        raise SpecdecError(f"{label} runs llama.cpp on the target's GGUF file, which only registry targets have "
+                           f"({', '.join(sorted(REGISTRY))}); not {target_name}")
+    if not sampling.greedy:
+        raise SpecdecError(f"{label} runs greedy decoding only: drop --temperature")
+    try:
+        import llama_cpp  # noqa: F401
+    except ImportError:
+        raise SpecdecError(f"{label} needs llama-cpp-python: run bash scripts/setup_llamacpp.sh") from None
+
+
+def _external(prefill_s: float, decode_s: float, rounds: int | None, round_tokens: list[int] | None) -> dict:
+    """The fields of a row that another engine's generate (transformers', llama.cpp's) leaves unknown."""
+    return {
+        "times": {"prefill": prefill_s, "decode": decode_s},
+        "rounds": rounds,
+        "proposed": None,
+        "accepted": None,
+        "accept_lengths": None,
+        "proposed_lengths": None,
+        "position_judged": None,
+        "position_accepted": None,
+        "round_tokens": round_tokens,
+    }
 
 
 def _common(new_tokens: list[int], finish: str, prefill_s: float, decode_s: float, decode_tokens: int) -> dict:

@@ -175,6 +175,9 @@ def bootstrap_ci(
 def acceptance_summary(rows: list[dict]) -> dict:
     if rows[0]["accept_lengths"] is not None:
         return _engine_acceptance(rows)
+    if rows[0]["round_tokens"] is None:  # llama.cpp: no rounds to count
+        return {"accept_source": None, "rounds": None, "mean_accepted_length": None, "acceptance_rate": None,
+                "position_acceptance": None, "accept_length_histogram": [], "rounds_without_proposal": None}
     # HF methods: each streamer chunk after the first is one target call's committed tokens.
     committed = [t for r in rows for t in r["round_tokens"][1:]]
     return {

@@ -10,7 +10,8 @@ from pathlib import Path
 
 from ..errors import SpecdecError
 from ..tune.advise import AdviseSettings
-from .args import add_model_args, add_settings, at_least_one, draft_flags, options, settings_of, setup_of
+from .args import (add_model_args, add_settings, at_least_one, draft_flags, load_target, options, quant_record,
+                   settings_of, setup_of)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -51,7 +52,7 @@ def cmd_advise(args: argparse.Namespace) -> int:
                            "`specdec advise --json` run where the real weights are")
     flags = {option: value for option, (_, value) in draft_flags(args).items()}
     if args.draft == "none" and (flags["quant"] or flags["vocab"]):
-        raise SpecdecError("--draft-int8 and --draft-vocab apply to a draft: not with --draft none")
+        raise SpecdecError("--draft-quant and --draft-vocab apply to a draft: not with --draft none")
     saved = Advice.load(args.acceptance) if args.acceptance else None
     categories = tuple(c for c in args.categories.split(",") if c) or None
     prompts, _ = load_prompts(args.dataset, Selection(categories, 1 if categories else None, args.prompts))
@@ -68,7 +69,8 @@ def cmd_advise(args: argparse.Namespace) -> int:
     advice = replace(
         advice, random_weights=args.random_weights,
         calibration_prompts=[p.id for p in prompts] if saved is None else f"from {args.acceptance}",
-        environment=environment(args.device, resolve_dtype(args.dtype, args.device), [f.label for f in families]),
+        environment=environment(args.device, resolve_dtype(args.dtype, args.device), [f.label for f in families],
+                                quant_record(args)),
     )
     print(json.dumps(advice.to_json(), indent=1) if args.json else render(advice))
     path = save_advice(setup_of(args, flags["vocab"]), advice)
@@ -77,10 +79,9 @@ def cmd_advise(args: argparse.Namespace) -> int:
 
 
 def _load(args: argparse.Namespace, families):
-    from ..models import load_model
     from .args import load_drafts
 
-    target, tokenizer = load_model(args.target, args.dtype, args.device, args.trust_remote_code)
+    target, tokenizer = load_target(args)
     return target, load_drafts(args, target, tokenizer, families), tokenizer
 
 
@@ -91,6 +92,10 @@ def _load_random(args: argparse.Namespace):
 
     if args.draft_vocab:
         raise SpecdecError("--draft-vocab counts token frequencies with the tokenizer: not with --random-weights")
-    target = random_model(args.target, args.dtype, args.device)
+    from ..quant.cache import quantize_model
+
+    # Rounded, not from the GGUF: a random model's costs do not depend on the weights' values.
+    target = quantize_model(random_model(args.target, args.dtype, args.device), None, args.target_quant,
+                            args.quant_group)
     draft = None if args.draft == "none" else random_model(args.draft, args.dtype, args.device)
-    return target, Drafts(draft), None
+    return target, Drafts(draft, group=args.quant_group), None

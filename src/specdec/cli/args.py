@@ -1,9 +1,10 @@
 """Arguments every command shares, and how they become method specs and loaded models.
 
-The flags -k, --max-ngram, --tree-width, --min-confidence, --pay-rule, --draft-int8 and
---draft-vocab are shorthands for options of a method spec (specdec.method): they fold into the
+The flags -k, --max-ngram, --tree-width, --min-confidence, --pay-rule, --draft-quant (and its
+older spelling --draft-int8) and --draft-vocab are shorthands for options of a method spec (specdec.method): they fold into the
 spec that --proposer (generate, check) or --methods (bench, sweep) names, and a flag that no
-method takes, or that contradicts the spec, is a one-line error.
+method takes, or that contradicts the spec, is a one-line error. --target-quant and --quant-group say how the target is loaded
+(specdec.quant.cache) and are recorded in every config (machine.environment's "quant").
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import sys
 
 from ..errors import SpecdecError
 from ..method import KINDS, Flags, Method, parse, resolve_auto
+from ..quant import MODES
 
 
 def add_model_args(p: argparse.ArgumentParser, draft_help: str = "draft model of draft and hybrid methods") -> None:
@@ -22,9 +24,17 @@ def add_model_args(p: argparse.ArgumentParser, draft_help: str = "draft model of
 
     p.add_argument("--target", default=DEFAULT_TARGET, help="registry name or local HF model folder")
     p.add_argument("--draft", default=DEFAULT_DRAFT, help=draft_help)
-    p.add_argument("--draft-int8", action="store_true",
-                   help="quant=int8 for every draft method: int8 weights for the draft's linear layers (CPU), "
-                        "a cheaper draft, still lossless")
+    p.add_argument("--target-quant", default="none", choices=MODES,
+                   help="the target's linear layers as weight-only int8 or int4 (CPU): a registry model from its "
+                        "own GGUF (4-bit blocks kept exactly), converted once into the model cache; a folder "
+                        "rounded. Lossless speculation is then relative to the quantized target")
+    p.add_argument("--draft-quant", default=None, choices=MODES,
+                   help="quant= for every draft method: the draft's linear layers as weight-only int8 or int4 "
+                        "(CPU), a cheaper draft, still lossless")
+    p.add_argument("--draft-int8", action="store_true", help="the same as --draft-quant int8")
+    p.add_argument("--quant-group", type=int, default=32, metavar="G",
+                   help="int4 group size (inputs per scale) when a Hugging Face folder is rounded to int4 "
+                        "(32, 64, 128 or 256); a registry model's GGUF blocks are groups of 32")
     p.add_argument("--draft-vocab", type=int, default=None, metavar="N",
                    help="vocab=N for every draft method: the draft scores only the N most frequent token ids "
                         "(e.g. 32768), a cheaper draft step, still lossless")
@@ -64,9 +74,26 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
 
 
 def draft_flags(args: argparse.Namespace) -> Flags:
-    """--draft-int8 and --draft-vocab as method options (every command has them)."""
-    return {"quant": ("--draft-int8", "int8" if args.draft_int8 else None),
-            "vocab": ("--draft-vocab", args.draft_vocab)}
+    """--draft-quant (or --draft-int8) and --draft-vocab as method options (every command has them)."""
+    if args.draft_int8 and args.draft_quant not in (None, "int8"):
+        raise SpecdecError(f"--draft-int8 contradicts --draft-quant {args.draft_quant}")
+    quant = ("--draft-int8", "int8") if args.draft_int8 else ("--draft-quant", args.draft_quant)
+    return {"quant": quant, "vocab": ("--draft-vocab", args.draft_vocab)}
+
+
+def quant_record(args: argparse.Namespace) -> dict:
+    """How the target's weights are quantized, for configs and advice (machine.environment)."""
+    from ..quant.cache import describe
+
+    return {"target": describe(args.target_quant, args.quant_group), "group": args.quant_group}
+
+
+def load_target(args: argparse.Namespace):
+    """The target of --target, quantized as --target-quant says, and its tokenizer."""
+    from ..models import load_model
+
+    return load_model(args.target, args.dtype, args.device, args.trust_remote_code, args.target_quant,
+                      args.quant_group)
 
 
 def method_flags(args: argparse.Namespace) -> Flags:
@@ -90,7 +117,9 @@ def setup_of(args: argparse.Namespace, vocab: int | None):
     """What saved advice is keyed by, for these arguments (specdec.advice.Setup)."""
     from ..advice import Setup
 
-    return Setup.create(args.target, args.draft, args.dtype, args.device, vocab)
+    quant = quant_record(args)["target"]
+    target = args.target if quant == "none" else f"{args.target} ({quant})"
+    return Setup.create(target, args.draft, args.dtype, args.device, vocab)
 
 
 def resolve(args: argparse.Namespace, method: Method) -> tuple[Method, str | None]:
@@ -125,7 +154,7 @@ def load_drafts(args: argparse.Namespace, target, tokenizer, methods: list[Metho
         raise SpecdecError(f"{next(m for m in methods if m.uses_draft).label} needs a draft model: drop it or pass --draft")
     draft, draft_tokenizer = load_model(args.draft, args.dtype, args.device, args.trust_remote_code)
     check_same_vocab(tokenizer, draft_tokenizer, target, draft)
-    drafts = Drafts(draft, tokenizer, reuse_caches)
+    drafts = Drafts(draft, tokenizer, reuse_caches, source=args.draft, group=args.quant_group)
     drafts.prepare(methods)
     return drafts
 
@@ -133,12 +162,12 @@ def load_drafts(args: argparse.Namespace, target, tokenizer, methods: list[Metho
 def load_proposer(args: argparse.Namespace):
     """Target, tokenizer, the method --proposer names (auto resolved) and its proposer (None:
     plain decoding). generate and check run this."""
-    from ..build import build_proposer
-    from ..models import load_model
+    from ..build import build_proposer, check_specdec
 
     method, said = resolve(args, method_of(args))
+    check_specdec(method)  # before the models load (slow)
     advice = load_advice(args.pay_rule)
-    target, tokenizer = load_model(args.target, args.dtype, args.device, args.trust_remote_code)
+    target, tokenizer = load_target(args)
     if said:  # said once the target is known to load, so a bad name still gives a one-line error
         print(f"[specdec] auto: {said}", file=sys.stderr)
     drafts = load_drafts(args, target, tokenizer, [method])

@@ -10,12 +10,14 @@ from pathlib import Path
 
 from ..errors import SpecdecError
 from ..method import KINDS, Method
-from .args import add_model_args, add_sampling_args, at_least_one, draft_flags, load_advice, load_drafts, resolve
+from .args import (add_model_args, add_sampling_args, at_least_one, draft_flags, load_advice, load_drafts, load_target,
+                   quant_record, resolve)
 
 METHODS_HELP = (
     "comma list of method specs, KIND[:OPTION=VALUE]...: "
     + "; ".join(f"{kind} ({', '.join(options) or 'no options'})" for kind, options in KINDS.items())
-    + ". E.g. ar,draft:k=2:quant=int8,draft:k=4:conf=0.7,lookup:k=8:ngram=3,hybrid:k=2,hf-assisted:k=2. "
+    + ". E.g. ar,draft:k=2:quant=int8,draft:k=4:conf=0.7,lookup:k=8:ngram=3,hybrid:k=2,hf-assisted:k=2,llamacpp. "
+    "llamacpp: llama.cpp's greedy decoding of the (registry) target's GGUF, llamacpp-lookup its prompt lookup. "
     "k defaults to 2, ngram to 3; cat=1 on a specdec method: transformers' concatenating KV cache instead "
     "of the preallocated one"
 )
@@ -53,14 +55,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
     import torch
 
     from ..bench.agreement import REFERENCE, explain_differences
-    from ..bench.execute import Executor, RunSettings
+    from ..bench.execute import Executor, RunSettings, check_llamacpp
     from ..bench.report import REPORT, report_folder
     from ..bench.runner import EncodedPrompt, run_bench
     from ..datasets import Selection, load_prompts
     from ..engine import eos_token_ids
     from ..machine import PeakMemory
     from ..method import parse_list
-    from ..models import load_model
     from ..prompts import encode_prompt
     from ..sampling import SamplingConfig
     from ..store import RESULTS, check_out_dir, read_rows
@@ -70,6 +71,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     at_least_one(args, "repeats", "max_new_tokens")
     if args.pay_rule and not any(m.pay for m in methods):
         raise SpecdecError("--pay-rule applies to no method in --methods: add pay=1 to a draft method")
+    check_llamacpp([m for m in methods if m.is_llamacpp], args.target, sampling)  # before the slow part
     prompts, path = load_prompts(args.dataset, Selection(_split(args.categories), args.per_category, args.limit))
     out = Path(args.out)
     memory = PeakMemory(torch.device(args.device))
@@ -83,12 +85,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
     check_out_dir(out, config, args.resume)
 
     advice = load_advice(args.pay_rule)
-    target, tokenizer = load_model(args.target, args.dtype, args.device, args.trust_remote_code)
+    target, tokenizer = load_target(args)
     run = _resolved(methods, auto)
     drafts = load_drafts(args, target, tokenizer, run)
     encoded = [EncodedPrompt(p, encode_prompt(tokenizer, p.text, raw=args.raw)) for p in prompts]
     settings = RunSettings(args.max_new_tokens, sampling, args.seed, eos_token_ids(target))
-    executor = Executor(target, drafts, settings, memory, auto, advice)
+    executor = Executor(target, drafts, settings, memory, auto, advice, target_name=args.target)
     executor.prepare(methods)
     try:
         run_bench(out, config, encoded, methods, args.repeats, executor, progress=not args.no_progress)
@@ -144,7 +146,7 @@ def bench_config(args: argparse.Namespace, methods: list[Method], prompts, datas
         "repeats": args.repeats,
         "warmup_tokens": min(WARMUP_TOKENS, args.max_new_tokens),
         "memory": {"kind": memory_kind, "meaning": KINDS[memory_kind]},
-        "environment": environment(args.device, dtype, labels + ([auto.label] if auto else [])),
+        "environment": environment(args.device, dtype, labels + ([auto.label] if auto else []), quant_record(args)),
     }
 
 

@@ -9,7 +9,7 @@ import time
 
 from ..errors import SpecdecError
 from ..check import CheckPlan
-from .args import add_method_args, add_model_args, add_settings, load_proposer, method_of, settings_of
+from .args import add_method_args, add_model_args, add_settings, load_proposer, method_of, quant_record, settings_of
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -33,7 +33,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     method = method_of(args)
     if method.kind == "ar":
         raise SpecdecError("check compares a proposer with plain decoding: use --proposer draft or lookup")
-    if method.cat or method.is_hf:
+    if method.cat or method.external:
         raise SpecdecError(f"check runs specdec's proposers on the preallocated cache: not {method.label}")
     plan = settings_of(args, check.CheckPlan)
     target, tokenizer, _, drafter = load_proposer(args)
@@ -41,6 +41,9 @@ def cmd_check(args: argparse.Namespace) -> int:
         raise SpecdecError("auto chose plain decoding for this setup: nothing to check; use --proposer draft or lookup")
     raw = lambda text: tokenizer(text)["input_ids"]
     start = time.perf_counter()
+    if args.target_quant != "none":  # the reference is the quantized target, not the original weights
+        print(f"[check] the reference is the {quant_record(args)['target']} target's own decoding: "
+              "lossless relative to the quantized weights", file=sys.stderr)
     prompts = [encode_prompt(tokenizer, t, raw=args.raw) for t in check.GREEDY_PROMPTS[: plan.greedy_prompts]]
     # transformers first: specdec's first generation repacks the target's layers in place.
     eos = eos_token_ids(target)

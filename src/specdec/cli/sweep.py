@@ -8,7 +8,8 @@ from pathlib import Path
 
 from ..errors import SpecdecError
 from ..tune.sweep import SweepSettings
-from .args import add_model_args, add_settings, at_least_one, draft_flags, ints, load_drafts, options, settings_of
+from .args import (add_model_args, add_settings, at_least_one, draft_flags, ints, load_drafts, load_target, options,
+                   quant_record, settings_of)
 
 SWEEP_ROWS_MD, SWEEP_PLOT, SWEEP_SUMMARY = "sweep.md", "sweep.png", "sweep.json"
 
@@ -35,7 +36,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
     from ..machine import environment
     from ..method import parse_list
-    from ..models import load_model, resolve_dtype
+    from ..models import resolve_dtype
     from ..store import RowWriter, check_out_dir, read_rows
     from ..tune.sweep import check_methods, sweep_context
 
@@ -56,12 +57,12 @@ def cmd_sweep(args: argparse.Namespace) -> int:
               "dtype": dtype, "device": args.device,
               # Contexts stay out: a resumed sweep may add lengths to a finished one.
               "settings": {k: v for k, v in asdict(settings).items() if k != "contexts"} | {"methods": labels},
-              "environment": environment(args.device, dtype, labels)}
+              "environment": environment(args.device, dtype, labels, quant_record(args))}
     check_out_dir(out, config, args.resume)
     done = {row["context"] for row in read_rows(out)}
     todo = [n for n in settings.contexts if n not in done]
     if todo:
-        target, tokenizer = load_model(args.target, args.dtype, args.device, args.trust_remote_code)
+        target, tokenizer = load_target(args)
         drafts = load_drafts(args, target, tokenizer, methods, reuse_caches=True)
     with RowWriter(out, config) as writer, tqdm(total=len(todo), desc="sweep", unit="context") as bar:
         for n in todo:

@@ -21,10 +21,13 @@ from transformers import PreTrainedModel
 from . import attention
 from .linear import BlockLinear, PackedLinear
 
-__all__ = ["BlockLinear", "PackedLinear", "attention", "block_invariant", "is_prepared", "prepare"]
+__all__ = ["PREPARED_FIX", "BlockLinear", "PackedLinear", "attention", "block_invariant", "is_prepared", "prepare"]
 
 # The attribute a prepared model carries: the options it was prepared with.
 PREPARED = "specdec_prepared"
+# Why a prepared model cannot be quantized or cut any more, and what to do instead.
+PREPARED_FIX = ("was already run by specdec, which repacked its weights for its forward: make quantized or "
+                "restricted-head copies of a draft before the first generation")
 
 
 def prepare(model: PreTrainedModel, float32_logits: bool = True) -> PreTrainedModel:

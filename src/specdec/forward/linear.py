@@ -50,7 +50,10 @@ class BlockLinear(torch.nn.Module):
     """y = x W^T + b by some kernel (`_compute`, over 2-D rows), with the block rule of the
     module docstring: inputs of fewer than `min_rows` rows are padded with zero rows (None: no
     block size keeps a row's bits on this machine, see probe_min_rows). Input rows are cast to
-    `dtype`, the kernel's activation dtype, which is also the output's."""
+    `dtype`, the kernel's activation dtype, which is also the output's unless `out_dtype` is set
+    (quantized layers computing in bf16 inside a float32 model, see quant.model.kernel_dtype)."""
+
+    out_dtype: torch.dtype | None = None
 
     def __init__(self, in_features: int, out_features: int, dtype: torch.dtype, bias: torch.Tensor | None,
                  kernel: str):
@@ -71,7 +74,8 @@ class BlockLinear(torch.nn.Module):
         count = rows.shape[0]
         if count < (self.min_rows or 1):
             rows = torch.cat([rows, rows.new_zeros(self.min_rows - count, self.in_features)])
-        return self._compute(rows)[:count].reshape(*shape[:-1], self.out_features)
+        out = self._compute(rows)[:count].reshape(*shape[:-1], self.out_features)
+        return out if self.out_dtype is None else out.to(self.out_dtype)
 
     def _compute(self, rows: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError

@@ -1,5 +1,5 @@
-"""A GGUF file's linear weights by the Hugging Face module they belong to: Q4_K tensors as exact
-int4 groups, every other type dequantized exactly to float32 (for int8 rounding).
+"""A GGUF file's linear weights by the Hugging Face module they belong to: Q4_K and Q4_1 tensors
+as exact int4 groups, every other type dequantized exactly to float32 (for int8 rounding).
 
 Names follow llama.cpp's convention for the Qwen2/Llama family (blk.N.attn_q ...); each decoded
 tensor is checked against the same weight in the dense model that transformers dequantized from
@@ -17,11 +17,15 @@ import torch
 from gguf import GGMLQuantizationType, GGUFReader, quants
 
 from ..errors import SpecdecError
-from .weights import Int4Weight, q4k_to_int4
+from .weights import Int4Weight, q41_to_int4, q4k_to_int4
 
 _LAYER = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
           "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
           "ffn_down": "mlp.down_proj"}
+
+
+# GGUF block types whose codes, scales and mins are int4 groups of 32 as they are (quant.weights)
+_EXACT_INT4 = {GGMLQuantizationType.Q4_K: q4k_to_int4, GGMLQuantizationType.Q4_1: q41_to_int4}
 
 
 def hf_name(gguf_name: str) -> str | None:
@@ -36,7 +40,7 @@ def hf_name(gguf_name: str) -> str | None:
 
 def linear_weights(path: Path) -> Iterator[tuple[str, str, Int4Weight | torch.Tensor]]:
     """(module name, GGUF type name, weight) for every linear weight in the file: an Int4Weight
-    for Q4_K, else the float32 tensor [out, in] the blocks stand for."""
+    for Q4_K and Q4_1, else the float32 tensor [out, in] the blocks stand for."""
     reader = GGUFReader(str(path))
     for tensor in reader.tensors:
         name = hf_name(tensor.name)
@@ -44,8 +48,8 @@ def linear_weights(path: Path) -> Iterator[tuple[str, str, Int4Weight | torch.Te
             continue
         shape = tuple(int(n) for n in reversed(tensor.shape.tolist()))  # GGUF lists dims inner first
         kind = tensor.tensor_type
-        if kind == GGMLQuantizationType.Q4_K:
-            yield name, kind.name, q4k_to_int4(tensor.data, shape)
+        if kind in _EXACT_INT4:
+            yield name, kind.name, _EXACT_INT4[kind](tensor.data, shape)
         else:
             dense = np.asarray(quants.dequantize(tensor.data, kind), dtype=np.float32).reshape(shape)
             yield name, kind.name, torch.from_numpy(dense)

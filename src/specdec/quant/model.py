@@ -1,6 +1,6 @@
 """A model's linear layers as weight-only int8 or int4 (specdec.forward.linear's kernels).
 
-From a GGUF file, Q4_K tensors keep their own 4-bit codes, scales and mins (exact); tensors of
+From a GGUF file, Q4_K and Q4_1 tensors keep their own 4-bit codes, scales and mins (exact); tensors of
 other types (Q6_K, Q8_0, Q5_0 ...) are dequantized exactly and rounded to int8 per row, because
 4 bits would lose what their extra bits hold (docs/quantized.md measures the choice). From dense
 weights (a Hugging Face folder) every layer is rounded: int4 per group, int8 per row. A layer
@@ -13,15 +13,16 @@ import json
 from pathlib import Path
 
 import torch
+from tqdm import tqdm
 from safetensors.torch import load_file, save_file
 from transformers import PreTrainedModel
 
 from ..errors import SpecdecError
 from ..forward.linear import Int4Linear, Int8Linear, fits_int4, fits_int8
+from . import MODES
 from .gguf_source import linear_weights, matching
 from .weights import INT4_GROUPS, Int4Weight, Int8Weight, int4_rtn, int8_rtn
 
-MODES = ("none", "int8", "int4")
 # The attribute a quantized model carries: what it was quantized to and from.
 QUANTIZED = "specdec_quantized"
 FORMAT = 1  # version of the saved layout below
@@ -40,11 +41,11 @@ def quantize_weights(model: PreTrainedModel, mode: str, gguf: Path | None = None
     source: dict[str, Int4Weight | torch.Tensor] = {}
     if gguf is not None:
         heads = _rotary_heads(model)
-        for name, _, weight in linear_weights(gguf):
+        for name, _, weight in tqdm(linear_weights(gguf), total=len(layers), desc="reading GGUF", unit="layer"):
             if name in layers:
                 source[name] = matching(name, weight, layers[name].weight.detach(), heads.get(name))
     out: Quantized = {}
-    for name, layer in layers.items():
+    for name, layer in tqdm(layers.items(), desc=f"quantizing to {mode}", unit="layer", disable=len(layers) < 50):
         weight = source.get(name, layer.weight.detach())
         rows, inputs = layer.out_features, layer.in_features
         if mode == "int4" and isinstance(weight, Int4Weight) and fits_int4(inputs, rows, weight.group):
@@ -56,18 +57,28 @@ def quantize_weights(model: PreTrainedModel, mode: str, gguf: Path | None = None
     return out
 
 
+def kernel_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The activation dtype the int4/int8 kernels run in for a model in `dtype`: a float32 model's
+    quantized layers compute in bfloat16, because torch 2.13's weight-only CPU kernels have no
+    fast float32 path (measured on an AVX2 CPU, one 1536 x 8960 layer, 1 row: int4 58 ms in
+    float32 against 17 in bf16, int8 36 against 11; docs/quant.md)."""
+    return torch.bfloat16 if dtype == torch.float32 else dtype
+
+
 def install(model: PreTrainedModel, weights: Quantized, description: dict) -> PreTrainedModel:
-    """Replace `model`'s linear layers named in `weights` by int4/int8 ones, in place. The output
-    layer computes in float32, the others in the model's dtype."""
+    """Replace `model`'s linear layers named in `weights` by int4/int8 ones, in place. They compute
+    in kernel_dtype(model.dtype) and hand back the model's dtype (the output layer: float32)."""
     head = model.get_output_embeddings()
+    compute = kernel_dtype(model.dtype)
     for name, weight in weights.items():
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name)
         layer = getattr(parent, child)
-        dtype = torch.float32 if layer is head else model.dtype
         kind = Int4Linear if isinstance(weight, Int4Weight) else Int8Linear
-        setattr(parent, child, kind(weight, layer.bias, dtype))
-    setattr(model, QUANTIZED, description)
+        quantized = kind(weight, layer.bias, compute)
+        quantized.out_dtype = torch.float32 if layer is head else model.dtype
+        setattr(parent, child, quantized)
+    setattr(model, QUANTIZED, {**description, "kernel_dtype": str(compute).removeprefix("torch.")})
     return model
 
 

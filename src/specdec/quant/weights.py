@@ -5,7 +5,8 @@ int4: codes q in [0, 15] per element, and per group of `group` consecutive input
 scale s and a zero z, so that w = (q - 8) * s + z (`torch.ops.aten._weight_int4pack_mm_for_cpu`).
 GGUF's Q4_K (super-blocks of 256 = 8 groups of 32, each with 6-bit scale and min under fp16
 super-scales) is w = d*sc*q - dmin*m: the same form with s = d*sc, z = 8*s - dmin*m, so a Q4_K
-tensor maps onto int4 groups of 32 without requantizing (s and z stored in float32).
+tensor maps onto int4 groups of 32 without requantizing (s and z stored in float32); so does
+Q4_1 (blocks of 32 with an fp16 scale d and min m, w = d*q + m: s = d, z = m + 8d).
 int8: codes in [-127, 127] with one scale per output row (`torch.ops.aten._weight_int8pack_mm`).
 """
 
@@ -83,3 +84,17 @@ def q4k_to_int4(blocks: np.ndarray, shape: tuple[int, int]) -> Int4Weight:
     scales = torch.from_numpy(scales.reshape(out_features, -1))
     mins = torch.from_numpy(mins.reshape(out_features, -1))
     return Int4Weight(torch.from_numpy(codes), scales, 8 * scales - mins, 32)
+
+
+def q41_to_int4(blocks: np.ndarray, shape: tuple[int, int]) -> Int4Weight:
+    """A GGUF Q4_1 tensor's raw bytes as int4 groups of 32, exact (SmolLM2's GGUF is Q4_1)."""
+    out_features, in_features = shape
+    size = quants.GGML_QUANT_SIZES[GGMLQuantizationType.Q4_1][1]  # bytes of a 32-element block
+    raw = np.ascontiguousarray(blocks, dtype=np.uint8).reshape(-1, size)
+    d = raw[:, 0:2].copy().view(np.float16).astype(np.float32)[:, 0]
+    m = raw[:, 2:4].copy().view(np.float16).astype(np.float32)[:, 0]
+    # 16 bytes: low nibbles are elements 0..15 of the block, high nibbles 16..31
+    qs = raw[:, 4:]
+    codes = np.concatenate([qs & 0x0F, qs >> 4], axis=1).reshape(out_features, in_features)
+    scales = torch.from_numpy(d.reshape(out_features, -1))
+    return Int4Weight(torch.from_numpy(codes), scales, torch.from_numpy(m.reshape(out_features, -1)) + 8 * scales, 32)

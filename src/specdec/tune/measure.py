@@ -17,7 +17,7 @@ import torch
 from transformers import PreTrainedModel
 
 from ..costmodel import kv_cache_bytes_for_config
-from ..forward import PackedLinear
+from ..forward import BlockLinear
 from ..lm import CausalLM
 from ..machine import synchronize
 
@@ -99,15 +99,15 @@ def _median_seconds(op, repeats: int, device: torch.device) -> float:
 
 def weight_bytes(model: PreTrainedModel) -> int:
     """Bytes of the weights a decode step reads (each once): the parameters but an input
-    embedding that is not also the output layer, and the weights that specdec's packed linear
-    layers (specdec.forward) and torch's dynamic int8 ones hold outside them, as buffers or
-    opaque packed tensors."""
+    embedding that is not also the output layer, and the weights that specdec's packed and
+    quantized linear layers (specdec.forward.linear) and torch's dynamic int8 ones hold outside
+    them, as buffers or opaque packed tensors."""
     total = sum(p.numel() * p.element_size() for p in model.parameters())
     embedding = model.get_input_embeddings().weight
     if getattr(model.get_output_embeddings(), "weight", None) is not embedding:
         total -= embedding.numel() * embedding.element_size()  # a step reads one row of it
     for module in model.modules():
-        if isinstance(module, PackedLinear):
+        if isinstance(module, BlockLinear):
             total += module.weight_bytes()
         elif isinstance(module, torch.ao.nn.quantized.dynamic.Linear):
             total += sum(t.numel() * t.element_size() for t in (module.weight(), module.bias()) if t is not None)
