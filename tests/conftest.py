@@ -88,9 +88,10 @@ def tiny_registry(monkeypatch, target):
               "tiny-draft": (perturbed(tiny_model(1), seed=2, scale=0.1), word_tokenizer(64)),
               "other": (tiny_model(5, vocab=32), word_tokenizer(32, "x"))}
 
-    def fake_load(name, dtype="auto", device="cpu", trust_remote_code=False):
+    def fake_load(name, dtype="auto", device="cpu", trust_remote_code=False, quant="none", group=32):
         if name not in served:
-            return real_load(name, dtype, device, trust_remote_code)
+            return real_load(name, dtype, device, trust_remote_code, quant, group)
+        assert quant == "none", "the tiny registry serves dense models only"
         model, tokenizer = served[name]
         return copy.deepcopy(model), tokenizer  # a command may change its draft in place (int8)
 

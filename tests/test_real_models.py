@@ -111,7 +111,7 @@ def long_run(model, tok, drafters: dict, n: int) -> None:
 def test_long_run_smollm2_both_proposers():
     model, tok = load_model("smollm2-135m-instruct")
     long_run(model, tok, {"self-draft": (DraftModel(model, 4), model.config),
-                          "lookup": (PromptLookup(4), None)}, n=1024)
+                          "lookup": (PromptLookup(4), None)}, n=512)
 
 
 @pytest.mark.slow
