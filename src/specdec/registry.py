@@ -32,6 +32,7 @@ COMPLETE_MARKER = "specdec-complete.json"
 _TMP_PREFIX = ".tmp-"
 _CHUNK = 8 << 20
 
+
 @dataclass(frozen=True)
 class ModelSpec:
     """Where a registry model's GGUF comes from and what it must hash to."""
@@ -122,10 +123,8 @@ def converted_folder(spec: ModelSpec) -> Path:
 
 
 def gguf_file(name: str) -> Path:
-    """The whole, hash-checked GGUF file of a registry model, for runtimes that read GGUF
-    themselves (llama.cpp, the quantized-weight converter). A single-file model's is the file in
-    its package; a split one is assembled into the cache once and kept there (unlike the copy
-    converted_folder assembles for itself and deletes), so later calls return it at once."""
+    """The whole, hash-checked GGUF of a registry model (for llama.cpp and specdec.quant): the
+    package's file, or the assembly of a split one, kept in the cache for later calls."""
     spec = REGISTRY.get(name)
     if spec is None:
         raise SpecdecError(f"unknown model {name!r}: GGUF files exist for {', '.join(known_models())}")
@@ -158,10 +157,8 @@ def _ensure_writable(cache: Path) -> None:
         probe.touch()
         probe.unlink()
     except OSError as err:
-        raise SpecdecError(
-            f"cannot write to the model cache folder {cache} ({err.strerror or err}); "
-            f"set SPECDEC_CACHE to a writable folder"
-        ) from err
+        raise SpecdecError(f"cannot write to the model cache folder {cache} ({err.strerror or err}); "
+                           "set SPECDEC_CACHE to a writable folder") from err
 
 
 def _remove_stale_temps(cache: Path) -> None:
@@ -249,11 +246,8 @@ def _marker_matches(marker: Path, gguf: Path, spec: ModelSpec) -> bool:
 
 
 def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
     with path.open("rb") as src:
-        while chunk := src.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
+        return hashlib.file_digest(src, "sha256").hexdigest()
 
 
 def _verify(spec: ModelSpec, size: int, sha256: str) -> None:
