@@ -163,9 +163,11 @@ def fits_int4(in_features: int, out_features: int, group: int) -> bool:
 
 
 def fits_int8(in_features: int) -> bool:
-    """Whether the int8 kernel takes a layer of this shape (torch 2.13's bf16 path, given 2 or more
-    rows, crashes on inputs that are not a multiple of 8 wide: measured, a segmentation fault)."""
-    return in_features % 8 == 0
+    """Whether the int8 kernel takes a layer of this shape. torch 2.13's bf16 path crashes (a
+    segmentation fault, measured) on inputs whose width is not a multiple of 8 on an AVX2 CPU, and
+    of 16 on an AVX-512 one (AMD Zen 5, most output widths and row counts); float32 and float16
+    inputs do not. Multiples of 16 are safe on both."""
+    return in_features % 16 == 0
 
 
 class Int8Linear(BlockLinear):
@@ -174,7 +176,7 @@ class Int8Linear(BlockLinear):
     def __init__(self, weight: Int8Weight, bias: torch.Tensor | None, dtype: torch.dtype):
         out_features, in_features = weight.codes.shape
         if not fits_int8(in_features):
-            raise SpecdecError(f"an int8 layer needs inputs in multiples of 8; this one has {in_features}")
+            raise SpecdecError(f"an int8 layer needs inputs in multiples of 16; this one has {in_features}")
         super().__init__(in_features, out_features, dtype, bias, "int8")
         self.register_buffer("codes", weight.codes.contiguous(), persistent=False)
         self.register_buffer("scales", weight.scales.to(dtype), persistent=False)
