@@ -94,7 +94,7 @@ def test_each_spec_builds_its_proposer():
     assert none is None
     assert isinstance(lookup, PromptLookup) and (lookup.k, lookup.max_ngram) == (3, 2)
     assert isinstance(draft, DraftModel) and (draft.k, draft.min_confidence) == (3, 0.5)
-    assert not draft.lm.invariant  # a draft always runs as a proposer: logits in its dtype, batched attention
+    assert not draft.lm.invariant  # a draft always runs as a proposer: logits in its dtype
     assert isinstance(tree, TreeDraft) and tree.width == 2 and isinstance(hybrid, Hybrid)
     for method in ("hf-assisted:k=2", "auto"):
         with pytest.raises(SpecdecError, match="has no specdec proposer"):

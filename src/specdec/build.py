@@ -7,8 +7,8 @@ deep-copied but no longer quantized or head-restricted. The variant that no othe
 is made from the loaded model in place, so a single draft method costs no copy.
 
 `build_proposer` makes the proposer of one method (None for plain decoding); a draft always runs
-as a proposer does (CausalLM with invariant=False: logits in the model's dtype, batched
-attention), in generate, check, bench, sweep and advise alike.
+as a proposer does (CausalLM with invariant=False: logits in the model's dtype, no block
+invariance check), in generate, check, bench, sweep and advise alike.
 """
 
 from __future__ import annotations

@@ -163,27 +163,39 @@ def fits_int4(in_features: int, out_features: int, group: int) -> bool:
 
 
 def fits_int8(in_features: int) -> bool:
-    """Whether the int8 kernel takes a layer of this shape. torch 2.13's bf16 path crashes (a
-    segmentation fault, measured) on inputs whose width is not a multiple of 8 on an AVX2 CPU, and
-    of 16 on an AVX-512 one (AMD Zen 5, most output widths and row counts); float32 and float16
-    inputs do not. Multiples of 16 are safe on both."""
+    """Whether the int8 kernel takes a layer of this shape: rows of whole 32-byte bf16 vectors
+    (see Int8Linear; a row of 8 or 24 inputs starts the next row off that alignment)."""
     return in_features % 16 == 0
 
 
+# torch 2.13's bf16 int8 kernel on AVX-512 uses aligned vector loads: it crashed (segmentation
+# fault, AMD Zen 5) on activations not 32-byte aligned and, from 4 rows on, on codes not 16-byte
+# aligned, which is where a safetensors file's tensors land when loaded (after its header).
+# Torch's CPU allocator aligns to 64 bytes, so a copy is always safe.
+_ALIGN = 64
+
+
+def aligned(tensor: torch.Tensor) -> torch.Tensor:
+    """`tensor`, contiguous and starting on a 64-byte boundary (a copy only where it does not)."""
+    tensor = tensor.contiguous()
+    return tensor if tensor.data_ptr() % _ALIGN == 0 else tensor.clone()
+
+
 class Int8Linear(BlockLinear):
-    """Weight-only int8 with one scale per output row (`torch.ops.aten._weight_int8pack_mm`)."""
+    """Weight-only int8 with one scale per output row (`torch.ops.aten._weight_int8pack_mm`);
+    codes and activation rows are kept aligned (see _ALIGN)."""
 
     def __init__(self, weight: Int8Weight, bias: torch.Tensor | None, dtype: torch.dtype):
         out_features, in_features = weight.codes.shape
         if not fits_int8(in_features):
             raise SpecdecError(f"an int8 layer needs inputs in multiples of 16; this one has {in_features}")
         super().__init__(in_features, out_features, dtype, bias, "int8")
-        self.register_buffer("codes", weight.codes.contiguous(), persistent=False)
-        self.register_buffer("scales", weight.scales.to(dtype), persistent=False)
+        self.register_buffer("codes", aligned(weight.codes), persistent=False)
+        self.register_buffer("scales", aligned(weight.scales.to(dtype)), persistent=False)
         self._probe(weight.codes.device)
 
     def _compute(self, rows: torch.Tensor) -> torch.Tensor:
-        out = torch.ops.aten._weight_int8pack_mm(rows, self.codes, self.scales)
+        out = torch.ops.aten._weight_int8pack_mm(aligned(rows), self.codes, self.scales)
         return out if self.bias is None else out + self.bias
 
     def weight_bytes(self) -> int:
