@@ -51,6 +51,27 @@ def test_qwen_pair_speculation_equals_plain(qwen, task):
             assert out.stats.accepted > 0  # a real draft agrees with its target sometimes
 
 
+
+def test_qwen_target_logits_are_the_same_alone_and_in_any_block(qwen):
+    """The property behind the equality, on the real weights and a real context: each of six
+    tokens decoded alone gets the logits it gets as row i of a block of 2..6 rows, bitwise. On an
+    AVX-512 BF16 CPU a probe that compared too few outputs left 1-row layers unpadded, and every
+    row here differed in bf16 (greedy outputs then parted at HumanEval/2 and /9)."""
+    import torch
+
+    from specdec.lm import CausalLM
+
+    target, tok, _ = qwen
+    lm = CausalLM(target)
+    lm.prefill(torch.tensor(encode_prompt(tok, PROMPTS["code"])))
+    base = lm.length
+    tokens = torch.tensor([750, 10880, 2019, 279, 1140, 13])
+    alone = torch.cat([lm.forward(t.view(1)) for t in tokens])
+    for size in range(2, len(tokens) + 1):
+        lm.cache.trim(base)
+        rows = torch.cat([lm.forward(tokens[i : i + size]) for i in range(0, len(tokens), size)])
+        assert torch.equal(rows, alone), f"{target.dtype}: blocks of {size} rows differ from the rows alone"
+
 def test_qwen_pair_shares_vocab_and_smollm2_does_not(qwen):
     target, target_tok, _ = qwen
     small, small_tok = load_model("smollm2-135m-instruct")

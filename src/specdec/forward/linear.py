@@ -205,6 +205,15 @@ class Int8Linear(BlockLinear):
 # probe_min_rows's finding per (packed, in, out, dtype, device, bias): one probe per layer shape.
 _MIN_ROWS: dict[tuple, int | None] = {}
 
+# A kernel path that rounds differently changes only the outputs whose exact value lies near a
+# rounding boundary of the output dtype. Measured on oneDNN's bf16 kernels (AMD Zen 5): 1-5 in
+# 10^4 outputs of a 1-row input differed from the same row inside a block, so a probe that
+# compared one row (1,536 outputs) passed 1536 x 1536 and 1536 x 256 layers that then changed
+# greedy outputs of the real target. Each check now compares at least PROBE_OUTPUTS outputs (rows
+# of one layer's width, in blocks of the widest size; at most PROBE_MAX_ROWS rows).
+PROBE_OUTPUTS = 2**20
+PROBE_MAX_ROWS = 2048
+
 
 @torch.inference_mode()
 def probe_min_rows(compute: Callable[[torch.Tensor], torch.Tensor], in_features: int, dtype: torch.dtype,
@@ -216,11 +225,27 @@ def probe_min_rows(compute: Callable[[torch.Tensor], torch.Tensor], in_features:
     split-K by the row count: padding is nearly free there, where decoding is memory-bound);
     None if not even that holds."""
     gen = torch.Generator().manual_seed(0)
-    widest_rows = max(PROBE_ROWS)
-    x = torch.randn(widest_rows, in_features, generator=gen).to(dtype=dtype, device=device)
-    widest = compute(x)
-    if all(torch.equal(compute(x[:m]), widest[:m]) for m in PROBE_ROWS[1:-1]):
-        return 1 if torch.equal(compute(x[:1]), widest[:1]) else 2
-    shuffled = torch.randn(widest_rows, in_features, generator=gen).to(dtype=dtype, device=device)
-    shuffled[widest_rows // 2] = x[0]
-    return widest_rows if torch.equal(compute(shuffled)[widest_rows // 2], widest[0]) else None
+    widest = max(PROBE_ROWS)
+    first = _probe_rows(widest, in_features, gen, dtype, device)
+    full = [compute(first)]
+    chunks = min(PROBE_MAX_ROWS // widest, -(-PROBE_OUTPUTS // (widest * full[0].shape[-1])))
+    blocks = [first] + [_probe_rows(widest, in_features, gen, dtype, device) for _ in range(chunks - 1)]
+    full += [compute(block) for block in blocks[1:]]
+    if all(torch.equal(compute(block[:m]), out[:m]) for block, out in zip(blocks, full) for m in PROBE_ROWS[1:-1]):
+        alone = all(torch.equal(compute(block[i : i + 1]), out[i : i + 1])
+                    for block, out in zip(blocks, full) for i in range(widest))
+        return 1 if alone else 2
+    for block, out in zip(blocks, full):
+        shuffled = _probe_rows(widest, in_features, gen, dtype, device)
+        shuffled[widest // 2] = block[0]
+        if not torch.equal(compute(shuffled)[widest // 2], out[0]):
+            return None
+    return widest
+
+
+def _probe_rows(count: int, in_features: int, gen: torch.Generator, dtype: torch.dtype,
+                device: torch.device) -> torch.Tensor:
+    """Random rows whose entries spread over 2^-6..2^6 in magnitude: wider sums than normal
+    activations, so that a different order of accumulation shows in more outputs."""
+    scale = torch.exp2(torch.randint(-6, 7, (count, in_features), generator=gen).float())
+    return (torch.randn(count, in_features, generator=gen) * scale).to(dtype=dtype, device=device)
