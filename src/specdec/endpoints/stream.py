@@ -40,6 +40,7 @@ class Request:
 class Streamed:
     text: str = ""
     token_ids: list[int | None] = field(default_factory=list)
+    pieces: list[str] = field(default_factory=list)  # each named token's text, beside token_ids
     top: list[Top] = field(default_factory=list)
     stamps: list[float] = field(default_factory=list)  # seconds after sending, per chunk with tokens
     chunk_tokens: list[int] = field(default_factory=list)  # tokens in each of those chunks
@@ -170,26 +171,33 @@ def _take(chunk: dict, out: Streamed, at: float, endpoint: Endpoint) -> None:
         out.stamps.append(at)
         out.chunk_tokens.append(len(entries) if entries else 1)
         out.unnamed_chunks += not entries
-        for token_id, top in entries:
+        for token_id, piece, top in entries:
             out.token_ids.append(token_id)
+            out.pieces.append(piece)
             out.top.append(top)
     if choice.get("finish_reason"):
         out.finish_reason = FINISH.get(choice["finish_reason"], choice["finish_reason"])
 
 
-def _entries(logprobs: dict | None) -> list[tuple[int | None, Top]]:
-    """(token id or None, its alternatives) per token of a chunk, in both layouts servers use:
-    `content` entries (chat; llama.cpp everywhere) or the completions API's parallel lists."""
+def _entries(logprobs: dict | None) -> list[tuple[int | None, str, Top]]:
+    """(token id or None, its text, its alternatives) per token of a chunk, in both layouts
+    servers use: `content` entries (chat; llama.cpp everywhere) or the completions API's parallel
+    lists (vLLM spells a token `token_id:N` there, its text is then unknown: "")."""
     if not logprobs:
         return []
     if "content" in logprobs:
-        return [(_id(e), _best_first([(_key(a), float(a["logprob"])) for a in e.get("top_logprobs") or []]))
+        return [(_id(e), _piece(e.get("token")), _best_first([(_key(a), float(a["logprob"]))
+                                                              for a in e.get("top_logprobs") or []]))
                 for e in logprobs["content"] or []]
     tokens = logprobs.get("tokens") or []
     tops = logprobs.get("top_logprobs") or [None] * len(tokens)
-    return [(_token_id(t), _best_first([(_token_id(k) if _token_id(k) is not None else k, float(v))
-                                        for k, v in (top or {}).items()]))
+    return [(_token_id(t), _piece(t), _best_first([(_token_id(k) if _token_id(k) is not None else k, float(v))
+                                                   for k, v in (top or {}).items()]))
             for t, top in zip(tokens, tops)]
+
+
+def _piece(token) -> str:
+    return "" if not isinstance(token, str) or _token_id(token) is not None else token
 
 
 def _best_first(top: Top) -> Top:
