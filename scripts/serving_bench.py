@@ -5,11 +5,12 @@ the runs behind docs/serving.md. The servers are stopped when the runs end, what
     .venv/bin/python scripts/serving_bench.py --model smollm2-135m-instruct --out runs/serving \\
         -- --dataset humaneval --limit 10 --max-new-tokens 128 --target smollm2-135m-instruct
     .venv/bin/python scripts/serving_bench.py --model qwen2.5-coder-1.5b-instruct \\
-        --draft qwen2.5-coder-0.5b-instruct --check --out runs/serving-qwen -- --dataset humaneval --limit 10 \\
-        --methods ar,draft:k=2:quant=int8
+        --draft qwen2.5-coder-0.5b-instruct --spec-args "--spec-draft-n-max 2 --spec-draft-p-min 0" --check \\
+        --out runs/serving-qwen -- --dataset humaneval --limit 10 --methods ar,draft:k=2:quant=int8
 
 Everything after `--` goes to `specdec bench` (add --methods to run specdec's own methods beside
-the servers). --draft defaults to the model itself; --server-args are passed to both servers.
+the servers). --draft defaults to the model itself; --server-args are passed to both servers,
+--spec-args to the speculative one only. The check's JSON goes to stdout.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", required=True, help="registry name of the served model (its GGUF)")
     p.add_argument("--draft", help="registry name of the draft (default: the model itself)")
-    p.add_argument("--draft-max", type=int, default=None, help="--spec-draft-n-max of the speculative server")
+    p.add_argument("--spec-args", default="", help="more llama-server flags for the speculative server, e.g. the "
+                   "ones `specdec advise --export llamacpp` prints")
     p.add_argument("--server-args", default="", help="more llama-server flags for both servers")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--out", required=True)
@@ -38,7 +40,7 @@ def main() -> int:
     model = gguf_file(args.model)
     draft = gguf_file(args.draft) if args.draft else model
     extra = shlex.split(args.server_args)
-    spec_extra = extra + (["--spec-draft-n-max", str(args.draft_max)] if args.draft_max else [])
+    spec_extra = extra + shlex.split(args.spec_args)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     with LlamaServer(model, threads=args.threads, args=extra, log=out / "server-plain.log") as plain, \
