@@ -42,10 +42,11 @@ class LlamaServer:
     """A llama-server process on 127.0.0.1; `args` are passed on (e.g. ["--metrics"])."""
 
     def __init__(self, model: Path, draft: Path | None = None, threads: int = 2, context: int = 4096,
-                 args: list[str] | None = None, log: Path | None = None):
+                 args: list[str] | None = None, log: Path | None = None, parallel: int = 1):
+        """`parallel` slots serve that many requests at once (each gets context / parallel)."""
         self.port = free_port()
         self.command = [str(binary()), "-m", str(model), "--host", "127.0.0.1", "--port", str(self.port),
-                        "-t", str(threads), "-c", str(context), "--parallel", "1", *(args or [])]
+                        "-t", str(threads), "-c", str(context), "--parallel", str(parallel), *(args or [])]
         if draft is not None:
             # --spec-type: this llama.cpp speculates only when told which kind (its default is none)
             self.command += ["--model-draft", str(draft), "--spec-type", "draft-simple", "--spec-draft-threads", str(threads)]

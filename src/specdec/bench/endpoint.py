@@ -62,11 +62,16 @@ class EndpointExecutor:
         return self.run_wave(method, [prompt_ids])[0]
 
     def run_wave(self, method: Method, prompts: list[list[int]]) -> list[dict]:
-        """One row per prompt, all requests in flight at once."""
+        """One row per prompt, all requests in flight at once (one alone on this thread, so that
+        an interrupt stops it at once rather than after the request)."""
         counters = self._counters(method)
         before = counters() if counters else None
-        with ThreadPoolExecutor(max_workers=len(prompts)) as pool:
-            streams = list(pool.map(lambda ids: self._complete(method, ids, self.settings.max_new_tokens), prompts))
+        one = lambda ids: self._complete(method, ids, self.settings.max_new_tokens)
+        if len(prompts) == 1:
+            streams = [one(prompts[0])]
+        else:
+            with ThreadPoolExecutor(max_workers=len(prompts)) as pool:
+                streams = list(pool.map(one, prompts))
         rows = [endpoint_row(s, len(prompts)) for s in streams]
         if counters:
             rows[0].update(counters().minus(before).row_fields())
