@@ -33,6 +33,8 @@ def main() -> int:
                    "ones `specdec advise --export llamacpp` prints")
     p.add_argument("--server-args", default="", help="more llama-server flags for both servers")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--parallel", type=int, default=1, help="server slots (requests served at once), both servers; "
+                   "give bench --concurrency the same number")
     p.add_argument("--out", required=True)
     p.add_argument("--check", action="store_true", help="also run specdec check --endpoint spec --reference plain")
     args, bench = p.parse_known_args()
@@ -43,8 +45,11 @@ def main() -> int:
     spec_extra = extra + shlex.split(args.spec_args)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    with LlamaServer(model, threads=args.threads, args=extra, log=out / "server-plain.log") as plain, \
-            LlamaServer(model, draft=draft, threads=args.threads, args=spec_extra, log=out / "server-spec.log") as spec:
+    context = 4096 * args.parallel  # each slot gets 4096 tokens
+    with LlamaServer(model, threads=args.threads, args=extra, log=out / "server-plain.log", parallel=args.parallel,
+                     context=context) as plain, \
+            LlamaServer(model, draft=draft, threads=args.threads, args=spec_extra, log=out / "server-spec.log",
+                        parallel=args.parallel, context=context) as spec:
         for name, server in (("plain", plain), ("spec", spec)):
             print(f"[serving] {name}: {shlex.join(server.command)}", file=sys.stderr)
         endpoints = ["--endpoint", f"plain={plain.url}/v1/completions", "--endpoint", f"spec={spec.url}/v1/completions"]

@@ -35,8 +35,10 @@ class FakeServer:
     completions succeed before the mode applies ("ok" until then)."""
 
     def __init__(self, mode: str = "ok", fail_after: int = 0, hang_s: float = 5.0, vllm_metrics: bool = True,
-                 chat: bool = False, port: int = 0):
+                 port: int = 0, part_at: int | None = None):
+        """`part_at`: from that new token on, every token is one higher (another server's output)."""
         self.mode, self.fail_after, self.hang_s, self.vllm_metrics = mode, fail_after, hang_s, vllm_metrics
+        self.part_at = part_at
         self.completions = 0
         self.counters = {"drafts": 0, "draft_tokens": 0, "accepted": 0, "per_position": [0, 0, 0]}
         self.lock = threading.Lock()
@@ -114,6 +116,8 @@ def _handler(server: FakeServer):
             chat = self.path == "/v1/chat/completions"
             prompt = body.get("prompt") if not chat else [ord(c) for c in body["messages"][0]["content"][:8]]
             ids = completion_ids(prompt, body["max_tokens"])
+            if server.part_at is not None:
+                ids = ids[: server.part_at] + [t + 1 for t in ids[server.part_at:]]
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
             self.send_header("Connection", "close")

@@ -236,6 +236,17 @@ def test_bench_endpoints_with_vllm_counters_and_concurrency(tmp_path, tiny_token
     assert config["endpoints"]["spec"]["vllm_metrics"] is True
 
 
+def test_bench_explains_a_difference_between_servers_by_the_baselines_gap(tmp_path, tiny_tokenizer, prompts_file):
+    with FakeServer() as plain, FakeServer(part_at=2) as other:
+        assert bench(tmp_path / "run", f"plain={plain.url}", f"other={other.url}", extra=("--baseline", "plain")) == 0
+    equal = json.loads((tmp_path / "run" / "summary.json").read_text())["overall"]["methods"]["endpoint:name=other"][
+        "greedy_equal"]
+    assert equal["mismatches"] == 4 and len(equal["differences"]) == 4
+    for d in equal["differences"]:  # the fake's runner-up is 0.5 below its choice: not a tie at 0.1
+        assert (d["position"], d["kind"]) == (2, "not a tie") and d["gap"] == pytest.approx(0.5)
+    assert "token 2, gap 0.5, not a tie" in (tmp_path / "run" / "report.md").read_text()
+
+
 def test_a_server_failing_mid_run_keeps_the_rows_and_resume_continues(tmp_path, tiny_tokenizer, prompts_file, capsys):
     port = free_port()
     # warm-up + 2 prompts succeed, then an error mid-stream

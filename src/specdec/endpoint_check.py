@@ -22,10 +22,11 @@ from .conformance import tie_kind
 from .endpoints.spec import Endpoint, probe
 from .endpoints.stream import Request, Streamed, complete
 
-# Gap below which a difference between two servers counts as a near-tie: llama.cpp computes its
-# logits in float32 from 8-bit-quantized activations, and its batched (verify) and one-token
-# kernels quantize and sum in different orders, moving logits by about 0.01 on the registry
-# models (docs/serving.md); ten times that leaves room without calling a real difference a tie.
+# Gap (in log-probability, which is the logit gap) below which a difference between two servers
+# counts as a near-tie. llama.cpp computes logits in float32, but from activations quantized to
+# 8 bits per block, and its batched (verify) and one-token kernels quantize and sum in different
+# orders: that moves a logit by far more than float32 rounding (conformance's 1e-3), yet a gap of
+# 0.1 is already a 10% odds ratio between the two best tokens, which no rounding explains.
 DEFAULT_TOLERANCE = 0.1
 TOP_LOGPROBS = 2  # the two best tokens: their gap
 

@@ -33,7 +33,7 @@ def explain_differences(out: Path, target: PreTrainedModel, prompt_ids: dict[str
     reference = {(r["prompt_id"], r["repeat"]): r["new_tokens"] for r in rows if r["method"] == REFERENCE}
     for r in rows:
         ref = reference.get((r["prompt_id"], r["repeat"]))
-        key = _key(r)
+        key = row_key(r)
         if ref is None or r["method"] == REFERENCE or key in known or r["new_tokens"] == ref \
                 or parse(r["method"]).is_endpoint:  # a server's kernels and weights: not held to hf-ar
             continue
@@ -57,7 +57,7 @@ def agreement(rows: list[dict], reference: list[dict], differences: dict) -> dic
     ref = {(r["prompt_id"], r["repeat"]): r["new_tokens"] for r in reference}
     pairs = [(r, r["new_tokens"] == ref[key]) for r in rows if (key := (r["prompt_id"], r["repeat"])) in ref]
     differing = [r for r, equal in pairs if not equal]
-    listed = [{"prompt": r["prompt_id"], "repeat": r["repeat"], **differences.get(_key(r), {"kind": "unexplained"})}
+    listed = [{"prompt": r["prompt_id"], "repeat": r["repeat"], **differences.get(row_key(r), {"kind": "unexplained"})}
               for r in differing]
     prompts = {r["prompt_id"] for r, _ in pairs}
     return {
@@ -69,5 +69,5 @@ def agreement(rows: list[dict], reference: list[dict], differences: dict) -> dic
     }
 
 
-def _key(row: dict) -> str:
+def row_key(row: dict) -> str:
     return f"{row['method']}|{row['prompt_id']}|{row['repeat']}"

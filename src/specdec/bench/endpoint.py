@@ -19,14 +19,19 @@ from __future__ import annotations
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 
+from ..endpoint_check import DEFAULT_TOLERANCE, TOP_LOGPROBS, compare
 from ..endpoints.metrics import SpecCounters, parse_counters
 from ..endpoints.spec import Endpoint, Served, get, probe
 from ..endpoints.stream import Request, Streamed, complete
-from ..method import Method
+from ..method import Method, parse
+from ..store import read_rows, write_json_atomic
+from .agreement import DIFFERENCES, read_differences, row_key
 from .execute import WARMUP_TOKENS
+from .summary import same_output
 
 Prompt = tuple[list[int], str]  # (ids for /v1/completions, text for /v1/chat/completions)
 
@@ -56,7 +61,7 @@ class EndpointExecutor:
                        "vllm_metrics": self.served[name].vllm_metrics} for name, e in self.endpoints.items()}
 
     def warm_up(self, method: Method, prompt_ids: list[int]) -> None:
-        self._complete(method, prompt_ids, min(WARMUP_TOKENS, self.settings.max_new_tokens))
+        self.complete(method, prompt_ids, min(WARMUP_TOKENS, self.settings.max_new_tokens))
 
     def run(self, method: Method, prompt_ids: list[int], repeat: int) -> dict:
         return self.run_wave(method, [prompt_ids])[0]
@@ -66,7 +71,7 @@ class EndpointExecutor:
         an interrupt stops it at once rather than after the request)."""
         counters = self._counters(method)
         before = counters() if counters else None
-        one = lambda ids: self._complete(method, ids, self.settings.max_new_tokens)
+        one = lambda ids: self.complete(method, ids, self.settings.max_new_tokens)
         if len(prompts) == 1:
             streams = [one(prompts[0])]
         else:
@@ -80,10 +85,11 @@ class EndpointExecutor:
     def close(self) -> None:
         self.client.close()
 
-    def _complete(self, method: Method, prompt_ids: list[int], max_tokens: int) -> Streamed:
+    def complete(self, method: Method, prompt_ids: list[int], max_tokens: int, top_logprobs: int | None = None) \
+            -> Streamed:
         endpoint = self.endpoints[method.name]
         request = Request(max_tokens, prompt_ids=prompt_ids, message=self.texts.get(tuple(prompt_ids)),
-                          top_logprobs=self.settings.top_logprobs)
+                          top_logprobs=top_logprobs or self.settings.top_logprobs)
         return complete(self.client, endpoint, self.served[method.name].model, request)
 
     def _counters(self, method: Method) -> Callable[[], SpecCounters] | None:
@@ -91,6 +97,37 @@ class EndpointExecutor:
         if not self.served[method.name].vllm_metrics:
             return None
         return lambda: parse_counters(get(self.client, endpoint, f"{endpoint.server}/metrics").text)
+
+
+def explain_endpoint_differences(out: Path, executor: EndpointExecutor, prompt_ids: dict[str, list[int]],
+                                 baseline: str, tolerance: float = DEFAULT_TOLERANCE) -> dict:
+    """For every endpoint row whose output differs from the baseline endpoint's, ask both servers
+    again with two top logprobs and file the first difference with the baseline's gap there
+    (endpoint_check.compare) in differences.json, as agreement.explain_differences does for
+    hf-ar; greedy servers repeat themselves, and a difference that does not come back is filed
+    as "not reproduced". Rows explained before are kept; returns the file's content."""
+    path = out / DIFFERENCES
+    known = read_differences(out)
+    rows = read_rows(out)
+    base = {(r["prompt_id"], r["repeat"]): r for r in rows if r["method"] == baseline}
+    for r in rows:
+        ref = base.get((r["prompt_id"], r["repeat"]))
+        key = row_key(r)
+        if ref is None or r["method"] == baseline or key in known or same_output(r, ref):
+            continue
+        method = parse(r["method"])
+        if not method.is_endpoint:
+            continue
+        ids = prompt_ids[r["prompt_id"]]
+        again = [executor.complete(m, ids, executor.settings.max_new_tokens, top_logprobs=TOP_LOGPROBS)
+                 for m in (parse(baseline), method)]
+        diff = compare(0, *again, tolerance)
+        known[key] = {"position": diff.position, "reference_token": diff.reference_token,
+                      "token": diff.candidate_text, "gap": diff.gap, "tolerance": tolerance,
+                      "kind": diff.kind or "not reproduced"}
+    if known:
+        write_json_atomic(path, known)
+    return known
 
 
 def endpoint_row(s: Streamed, concurrency: int) -> dict:

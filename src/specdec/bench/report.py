@@ -146,7 +146,8 @@ def _equality_section(group: dict) -> list[str]:
         for label, c in checks.items():
             verdict = "all equal" if not c["mismatches"] else (
                 f"**{c['mismatches']} differ**: {', '.join(map(str, c['mismatching_prompts']))}"
-            )
+            ) + "".join(f"; {d['prompt']}: token {d['position']}, gap {d['gap']:.3g}, {d['kind']}" if d["gap"] is not None
+                        else f"; {d['prompt']}: {d['kind']}" for d in c.get("differences", []))
             lines.append(f"- `{label}`: {c['prompts_compared']} prompts compared, {verdict}")
         lines.append("")
     agreements = {label: m["hf_agreement"] for label, m in group["methods"].items() if m.get("hf_agreement")}

@@ -14,7 +14,7 @@ from ..costmodel import Acceptance, Costs, prediction_error, predicted_speedup
 from .served import server_acceptance
 from ..method import Method, legacy, parse
 from ..stats import DECODE_PHASES
-from .agreement import REFERENCE, agreement
+from .agreement import REFERENCE, agreement, row_key
 
 BASELINE = "ar"
 BOOTSTRAP_RESAMPLES = 2000
@@ -107,7 +107,8 @@ def summarize_group(rows: list[dict], order: list[str], methods: dict[str, Metho
         "methods": {
             label: {
                 **summarize_method(by_method[label], label, methods[label],
-                                   by_method.get(baseline_of(methods[label], endpoint_baseline), []), greedy),
+                                   by_method.get(baseline_of(methods[label], endpoint_baseline), []), greedy,
+                                   differences),
                 "hf_agreement": agreement(by_method[label], reference, differences)
                 if reference and label != REFERENCE and not methods[label].is_endpoint else None,
             }
@@ -117,7 +118,8 @@ def summarize_group(rows: list[dict], order: list[str], methods: dict[str, Metho
     }
 
 
-def summarize_method(rows: list[dict], label: str, method: Method, baseline: list[dict], greedy: bool) -> dict:
+def summarize_method(rows: list[dict], label: str, method: Method, baseline: list[dict], greedy: bool,
+                     differences: dict | None = None) -> dict:
     is_baseline = bool(baseline) and baseline[0]["method"] == label
     speedup = None if is_baseline or not baseline else speedup_summary(paired_speedups(rows, baseline))
     return {
@@ -130,7 +132,8 @@ def summarize_method(rows: list[dict], label: str, method: Method, baseline: lis
         "speedup": speedup,
         **acceptance_summary(rows),
         "time_per_token_s": time_per_token(rows),
-        "greedy_equal": greedy_equality(rows, baseline) if greedy and baseline and not is_baseline else None,
+        "greedy_equal": greedy_equality(rows, baseline, differences if method.is_endpoint else None)
+        if greedy and baseline and not is_baseline else None,
         "prediction": prediction(rows, baseline, method, speedup) if method.speculative and speedup else None,
         "peak_memory_bytes": max((r["peak_memory_bytes"] for r in rows if r["peak_memory_bytes"] is not None),
                                  default=None),
@@ -244,19 +247,23 @@ def time_per_token(rows: list[dict]) -> dict | None:
     return {**split, "decode": sum(r["decode_s"] for r in rows) / tokens}
 
 
-def greedy_equality(rows: list[dict], baseline: list[dict]) -> dict:
+def greedy_equality(rows: list[dict], baseline: list[dict], differences: dict | None = None) -> dict:
+    """Prompts whose output differs from the baseline's in any repeat; with `differences`
+    (endpoints: bench.endpoint.explain_endpoint_differences) each difference's gap."""
     base = {(r["prompt_id"], r["repeat"]): r for r in baseline}
-    pairs = [(r["prompt_id"], _same_output(r, base[key])) for r in rows
-             if (key := (r["prompt_id"], r["repeat"])) in base]
-    mismatching = list(dict.fromkeys(prompt for prompt, equal in pairs if not equal))
+    pairs = [(r, same_output(r, base[key])) for r in rows if (key := (r["prompt_id"], r["repeat"])) in base]
+    mismatching = list(dict.fromkeys(r["prompt_id"] for r, equal in pairs if not equal))
+    explained = [{"prompt": r["prompt_id"], "repeat": r["repeat"], **differences[row_key(r)]}
+                 for r, equal in pairs if not equal and differences and row_key(r) in differences]
     return {
-        "prompts_compared": len({prompt for prompt, _ in pairs}),
+        "prompts_compared": len({r["prompt_id"] for r, _ in pairs}),
         "mismatches": len(mismatching),
         "mismatching_prompts": mismatching,
+        **({"differences": explained} if explained else {}),
     }
 
 
-def _same_output(row: dict, other: dict) -> bool:
+def same_output(row: dict, other: dict) -> bool:
     """Token ids where both rows have them, else the texts (an endpoint that names no ids)."""
     if row["new_tokens"] is not None and other["new_tokens"] is not None:
         return row["new_tokens"] == other["new_tokens"]

@@ -67,7 +67,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     import torch
 
     from ..bench.agreement import REFERENCE, explain_differences
-    from ..bench.endpoint import EndpointExecutor, EndpointSettings, Routed
+    from ..bench.endpoint import EndpointExecutor, EndpointSettings, Routed, explain_endpoint_differences
     from ..bench.execute import Executor, RunSettings, check_llamacpp
     from ..bench.report import REPORT, report_folder
     from ..bench.runner import EncodedPrompt, run_bench
@@ -119,6 +119,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     try:
         run_bench(out, config, encoded, methods, args.repeats, Routed(executor, remote),
                   progress=not args.no_progress, concurrency=args.concurrency)
+        if remote and baseline:  # each difference between servers, with its gap (re-asked for top logprobs)
+            explain_endpoint_differences(out, remote, {e.prompt.id: e.ids for e in encoded}, baseline)
     except KeyboardInterrupt:
         print(f"\nspecdec: interrupted; the {len(read_rows(out))} finished rows are kept in {out / RESULTS}.\n"
               f"resume with: {_resume_command()}", file=sys.stderr)
