@@ -233,7 +233,8 @@ def test_bench_endpoints_with_vllm_counters_and_concurrency(tmp_path, tiny_token
     assert spec_summary["acceptance_rate"] == pytest.approx(4 / 9)  # (3 + 1) accepted of 9 per 3 drafts
     config = json.loads((tmp_path / "run" / "config.json").read_text())
     assert config["baseline"] == "endpoint:name=plain" and config["concurrency"] == 2
-    assert config["endpoints"]["spec"]["vllm_metrics"] is True
+    assert config["endpoints"]["spec"] == {"api": "completions", "model": "fake", "vllm_metrics": True}
+    assert config["environment"]["endpoint_urls"]["spec"] == f"{spec.url}/v1/completions"
 
 
 def test_bench_explains_a_difference_between_servers_by_the_baselines_gap(tmp_path, tiny_tokenizer, prompts_file):
@@ -248,14 +249,13 @@ def test_bench_explains_a_difference_between_servers_by_the_baselines_gap(tmp_pa
 
 
 def test_a_server_failing_mid_run_keeps_the_rows_and_resume_continues(tmp_path, tiny_tokenizer, prompts_file, capsys):
-    port = free_port()
     # warm-up + 2 prompts succeed, then an error mid-stream
-    with FakeServer("error", fail_after=3, port=port) as server:
+    with FakeServer("error", fail_after=3) as server:
         assert bench(tmp_path / "run", f"s={server.url}") == 2
     err = next(line for line in capsys.readouterr().err.splitlines() if line.startswith("specdec: error:"))
     assert "reported an error mid-stream" in err and "2 finished rows kept" in err and "--resume" in err
     assert len(read_rows(tmp_path / "run")) == 2
-    with FakeServer(port=port) as server:
+    with FakeServer() as server:  # restarted on another port: the same endpoint by name and model
         assert bench(tmp_path / "run", f"s={server.url}", extra=("--resume",)) == 0
     rows = read_rows(tmp_path / "run")
     assert [r["prompt_id"] for r in rows] == ["1", "2", "3", "4"]

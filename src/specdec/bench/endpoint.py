@@ -55,10 +55,14 @@ class EndpointExecutor:
 
     def prepare(self) -> dict[str, dict]:
         """Probe every endpoint once (a one-line error if one is down or not OpenAI-compatible);
-        returns what each serves, for the run's config."""
+        returns what each serves, for the run's config (the URLs go to its environment: a
+        server restarted on another port may continue a run, store.VOLATILE)."""
         self.served = {name: probe(e, self.client) for name, e in self.endpoints.items()}
-        return {name: {"url": e.url, "api": e.api, "model": self.served[name].model,
-                       "vllm_metrics": self.served[name].vllm_metrics} for name, e in self.endpoints.items()}
+        return {name: {"api": e.api, "model": self.served[name].model, "vllm_metrics": self.served[name].vllm_metrics}
+                for name, e in self.endpoints.items()}
+
+    def urls(self) -> dict[str, str]:
+        return {name: e.url for name, e in self.endpoints.items()}
 
     def warm_up(self, method: Method, prompt_ids: list[int]) -> None:
         self.complete(method, prompt_ids, min(WARMUP_TOKENS, self.settings.max_new_tokens))

@@ -102,6 +102,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         if endpoints else None
     if remote:  # probed before the slow part: a server that is down is an error at once
         config.update(endpoints=remote.prepare(), baseline=baseline, concurrency=args.concurrency)
+        config["environment"]["endpoint_urls"] = remote.urls()
     # Checked before the models load (slow), so a refused folder is refused at once.
     check_out_dir(out, config, args.resume)
 
