@@ -122,7 +122,8 @@ def test_an_unreachable_server_is_a_one_line_error():
 
 
 def streamed(pieces: list[str], ids: list[int] | None, tops: list | None = None) -> Streamed:
-    out = Streamed(text="".join(pieces), stamps=[0.1] * len(pieces), chunk_tokens=[1] * len(pieces))
+    out = Streamed(text="".join(pieces), stamps=[0.1] * len(pieces), chunk_tokens=[1] * len(pieces),
+                   chunk_texts=list(pieces))
     if ids is None:
         out.unnamed_chunks = len(pieces)
     else:
@@ -141,6 +142,19 @@ def test_check_finds_the_first_difference_by_text_and_its_gap():
     real = compare(2, ref, streamed(["def", " f", "[x]"], [1, 2, 5]), tolerance=0.1)
     assert (real.position, real.kind, real.passed) == (2, "not a tie", False)
     assert real.gap == pytest.approx(0.7)
+
+
+def test_check_aligns_by_chunks_where_each_chunk_is_one_token():
+    """Measured on llama.cpp: the plain server wrote "))", " ", " #" where the speculative one wrote
+    "))", " #"; by text the first difference would seem to be at " #" (whose first character the
+    candidate shares), by its chunks (one token each, as llama.cpp streams) it is at " "."""
+    tops = [[(1, -0.1), (2, -5.0)], [(3, -0.9), (4, -1.2)], [(5, -0.01), (6, -10.4)], [(7, -0.2), (8, -3.0)]]
+    ref = streamed(["))", " ", " #", " True"], [1, 3, 5, 7], tops)
+    got = streamed(["))", " #", " True"], None)
+    got.chunk_texts, got.usage_tokens = ["))", " #", " True"], 3
+    result = compare(0, ref, got, tolerance=0.1)
+    assert (result.position, result.reference_token, result.candidate_text) == (1, " ", " #")
+    assert result.gap == pytest.approx(0.3) and result.kind == "not a tie"
 
 
 def test_check_without_top_logprobs_cannot_call_a_difference_a_tie():

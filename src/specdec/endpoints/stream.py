@@ -43,6 +43,7 @@ class Streamed:
     pieces: list[str] = field(default_factory=list)  # each named token's text, beside token_ids
     top: list[Top] = field(default_factory=list)
     stamps: list[float] = field(default_factory=list)  # seconds after sending, per chunk with tokens
+    chunk_texts: list[str] = field(default_factory=list)  # the text of each of those chunks
     chunk_tokens: list[int] = field(default_factory=list)  # tokens in each of those chunks
     unnamed_chunks: int = 0  # chunks with tokens but no logprobs (llama.cpp's speculated tokens)
     finish_reason: str | None = None
@@ -63,6 +64,16 @@ class Streamed:
             return len(self.token_ids)
         counted = self.usage_tokens if self.usage_tokens is not None else (self.timings or {}).get("predicted_n")
         return int(counted) if counted is not None else sum(self.chunk_tokens)
+
+    @property
+    def token_texts(self) -> list[str] | None:
+        """Each token's text: from logprobs where every token was named, else the chunks' texts
+        where each chunk was one token (llama.cpp streams one per chunk, speculated or not, and
+        counts them in `timings`/`usage`); None where tokens cannot be told apart."""
+        if self.ids is not None:
+            return list(self.pieces)
+        counted = self.usage_tokens if self.usage_tokens is not None else (self.timings or {}).get("predicted_n")
+        return list(self.chunk_texts) if counted == len(self.chunk_texts) else None
 
     @property
     def ttft_s(self) -> float | None:
@@ -168,6 +179,7 @@ def _take(chunk: dict, out: Streamed, at: float, endpoint: Endpoint) -> None:
     entries = _entries(choice.get("logprobs"))
     if text or entries:
         out.text += text or ""
+        out.chunk_texts.append(text or "")
         out.stamps.append(at)
         out.chunk_tokens.append(len(entries) if entries else 1)
         out.unnamed_chunks += not entries
