@@ -1,6 +1,6 @@
 """Greedy outputs of a bench run against transformers' generate (`hf-ar`), differences explained.
 
-specdec's own methods are compared with `ar` bit for bit (summary.greedy_equality). Against
+specdec's own methods are compared with `ar` bit for bit (equality.greedy_equality). Against
 hf-ar, transformers' plain decoding on an unmodified copy of the target, kernels differ, so an
 output may part from it where the target's top two logits (nearly) tie. After the runs, each
 row that differs from hf-ar's row on the same prompt and repeat gets its first difference and the

@@ -31,7 +31,7 @@ from ..method import Method, parse
 from ..store import read_rows, write_json_atomic
 from .agreement import DIFFERENCES, read_differences, row_key
 from .execute import WARMUP_TOKENS
-from .summary import same_output
+from .equality import same_output
 
 Prompt = tuple[list[int], str]  # (ids for /v1/completions, text for /v1/chat/completions)
 

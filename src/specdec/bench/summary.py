@@ -14,7 +14,8 @@ from ..costmodel import Acceptance, Costs, prediction_error, predicted_speedup
 from .served import server_acceptance
 from ..method import Method, legacy, parse
 from ..stats import DECODE_PHASES
-from .agreement import REFERENCE, agreement, row_key
+from .agreement import REFERENCE, agreement
+from .equality import greedy_equality
 
 BASELINE = "ar"
 BOOTSTRAP_RESAMPLES = 2000
@@ -245,29 +246,6 @@ def time_per_token(rows: list[dict]) -> dict | None:
     phases = DECODE_PHASES if "verify" in rows[0]["times"] else ()  # HF's decode is one undivided span
     split = {phase: _total(rows, phase) / tokens for phase in phases}
     return {**split, "decode": sum(r["decode_s"] for r in rows) / tokens}
-
-
-def greedy_equality(rows: list[dict], baseline: list[dict], differences: dict | None = None) -> dict:
-    """Prompts whose output differs from the baseline's in any repeat; with `differences`
-    (endpoints: bench.endpoint.explain_endpoint_differences) each difference's gap."""
-    base = {(r["prompt_id"], r["repeat"]): r for r in baseline}
-    pairs = [(r, same_output(r, base[key])) for r in rows if (key := (r["prompt_id"], r["repeat"])) in base]
-    mismatching = list(dict.fromkeys(r["prompt_id"] for r, equal in pairs if not equal))
-    explained = [{"prompt": r["prompt_id"], "repeat": r["repeat"], **differences[row_key(r)]}
-                 for r, equal in pairs if not equal and differences and row_key(r) in differences]
-    return {
-        "prompts_compared": len({r["prompt_id"] for r, _ in pairs}),
-        "mismatches": len(mismatching),
-        "mismatching_prompts": mismatching,
-        **({"differences": explained} if explained else {}),
-    }
-
-
-def same_output(row: dict, other: dict) -> bool:
-    """Token ids where both rows have them, else the texts (an endpoint that names no ids)."""
-    if row["new_tokens"] is not None and other["new_tokens"] is not None:
-        return row["new_tokens"] == other["new_tokens"]
-    return row.get("text") == other.get("text")
 
 
 def _draft_call_time(rows: list[dict]) -> float:
