@@ -28,7 +28,8 @@ from specdec.registry import gguf_file
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", required=True, help="registry name of the served model (its GGUF)")
-    p.add_argument("--draft", help="registry name of the draft (default: the model itself)")
+    p.add_argument("--draft", help="registry name of the draft (default: the model itself); none: no draft "
+                   "model, the speculative server speculates as --spec-args say (e.g. n-gram lookup)")
     p.add_argument("--spec-args", default="", help="more llama-server flags for the speculative server, e.g. the "
                    "ones `specdec advise --export llamacpp` prints")
     p.add_argument("--server-args", default="", help="more llama-server flags for both servers")
@@ -40,7 +41,7 @@ def main() -> int:
     args, bench = p.parse_known_args()
     bench = [a for a in bench if a != "--"]
     model = gguf_file(args.model)
-    draft = gguf_file(args.draft) if args.draft else model
+    draft = None if args.draft == "none" else gguf_file(args.draft) if args.draft else model
     extra = shlex.split(args.server_args)
     spec_extra = extra + shlex.split(args.spec_args)
     out = Path(args.out)
