@@ -29,12 +29,14 @@ dest="${SPECDEC_CACHE:-$HOME/.cache/specdec}/llama-server/$key"
 if [ -x "$dest/llama-server" ]; then
   exit 0
 fi
-for tool in cmake "${CXX:-c++}"; do
-  if ! command -v "$tool" >/dev/null; then
-    echo "[setup] llama-server is built from source and needs $tool (e.g. apt-get install build-essential cmake)" >&2
-    exit 1
-  fi
-done
+if ! command -v "${CXX:-c++}" >/dev/null; then
+  echo "[setup] llama-server is built from source and needs a C++ compiler (e.g. apt-get install build-essential)" >&2
+  exit 1
+fi
+if ! command -v cmake >/dev/null; then  # PyPI ships cmake and ninja as wheels
+  "$PY" -m pip install --quiet "cmake>=3.18" ninja
+  export PATH="$(dirname "$PY"):$PATH"
+fi
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 echo "[setup] building llama-server (llama.cpp of llama-cpp-python $VERSION) into $dest: once, about 3 minutes on 2 cores (6 CPU-minutes)"
