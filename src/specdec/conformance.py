@@ -19,6 +19,15 @@ from transformers import PreTrainedModel
 NEAR_TIE_TOLERANCE = {torch.float32: 1e-3, torch.bfloat16: 0.5, torch.float16: 0.1}
 
 
+def tie_kind(gap: float | None, tolerance: float) -> str:
+    """How a difference at a position whose two best tokens are `gap` apart is explained: an
+    exact tie, a near-tie (below `tolerance`: another kernel may round either way), or not a tie;
+    without a gap (a server that gave no top logprobs) nothing is explained."""
+    if gap is None:
+        return "gap unknown"
+    return "exact tie" if gap == 0 else "near-tie" if gap < tolerance else "not a tie"
+
+
 @dataclass
 class Difference:
     position: int  # index into the new tokens of the first difference
@@ -33,7 +42,7 @@ class Difference:
 
     @property
     def kind(self) -> str:
-        return "exact tie" if self.gap == 0 else "near-tie" if self.near_tie else "not a tie"
+        return tie_kind(self.gap, self.tolerance)
 
     def describe(self) -> str:
         return (f"first difference at new token {self.position} ({self.expected} vs {self.got}), "

@@ -9,6 +9,7 @@
     hybrid:k=2                  prompt lookup when an n-gram matches, else the draft
     hf-ar, hf-assisted:k=4, hf-lookup:k=4:ngram=3      transformers' own generate()
     llamacpp, llamacpp-lookup:k=10:ngram=2   llama.cpp on the target's GGUF (specdec.llamacpp)
+    endpoint:name=spec          an OpenAI-compatible server given by bench's --endpoint spec=URL
 
 A spec is parsed and checked once (`parse`): an option its kind does not take, or one that
 contradicts another, is a one-line error naming it. `Method.label` is the canonical spelling:
@@ -65,6 +66,12 @@ def _quant(text: str) -> str | None:
     return None if text == "none" else text
 
 
+def _name(text: str) -> str:
+    if not text or not all(c.isalnum() or c in "_.-" for c in text):
+        raise ValueError("takes letters, digits, '_', '.' and '-'")
+    return text
+
+
 def _width(text: str) -> int | None:
     value = _whole(text)
     return None if value == 1 else value  # one token per depth: a plain chain
@@ -80,6 +87,7 @@ OPTIONS: dict[str, tuple[Callable[[str], Any], str]] = {
     "pay": (_switch, "adaptive k by the cost model, from --pay-rule FILE (specdec.adaptive)"),
     "width": (_width, "tree: beside each draft guess its W-1 next most likely tokens"),
     "cat": (_switch, "KV caches grown by concatenation (transformers') instead of preallocated"),
+    "name": (_name, "the endpoint's name in --endpoint NAME=URL (specdec.endpoints)"),
 }
 _DRAFT = ("k", "quant", "vocab", "conf", "pay")
 KINDS: dict[str, tuple[str, ...]] = {
@@ -94,6 +102,7 @@ KINDS: dict[str, tuple[str, ...]] = {
     "hf-lookup": ("k", "ngram"),
     "llamacpp": (),
     "llamacpp-lookup": ("k", "ngram"),
+    "endpoint": ("name",),
 }
 ALIASES = {"none": "ar"}
 _DEFAULTS = {"k": DEFAULT_K, "ngram": DEFAULT_NGRAM}
@@ -110,6 +119,7 @@ class Method:
     pay: bool = False
     width: int | None = None  # None: a chain
     cat: bool = False
+    name: str | None = None  # an endpoint's
 
     @property
     def label(self) -> str:
@@ -133,9 +143,13 @@ class Method:
         return self.kind.startswith("llamacpp")
 
     @property
+    def is_endpoint(self) -> bool:
+        return self.kind == "endpoint"
+
+    @property
     def external(self) -> bool:
-        """Another engine's own generation runs it (transformers', llama.cpp's): bench only."""
-        return self.is_hf or self.is_llamacpp
+        """Another engine's own generation runs it (transformers', llama.cpp's, a server's): bench only."""
+        return self.is_hf or self.is_llamacpp or self.is_endpoint
 
     @property
     def speculative(self) -> bool:
@@ -269,6 +283,8 @@ def _complete(text: str, kind: str, given: dict[str, Any]) -> Method:
 
 def _check(text: str, m: Method) -> None:
     """Combinations no proposer can honour."""
+    if m.kind == "endpoint" and m.name is None:
+        raise SpecdecError(f"{text} needs name=NAME, the name of a bench --endpoint NAME=URL")
     if m.pay and m.width:
         raise SpecdecError(f"pay=1 does not apply to a tree (width={m.width}) in {text}: a tree's "
                            "chain stops on conf only")

@@ -116,3 +116,11 @@ def check_same_vocab(
         width = logit_width(model)
         if width < needed:
             raise SpecdecError(f"the {role} model scores {width} token ids but its tokenizer uses {needed}; {fix}")
+
+
+def load_tokenizer(name_or_path: str, trust_remote_code: bool = False) -> PreTrainedTokenizerBase:
+    """The tokenizer of a registry model or local folder, without its weights: what a bench of
+    endpoints alone needs to send the same prompt ids as specdec's methods."""
+    spec = REGISTRY.get(name_or_path)
+    folder = converted_folder(spec) if spec else _local_folder(name_or_path)
+    return AutoTokenizer.from_pretrained(folder, trust_remote_code=trust_remote_code, local_files_only=True)

@@ -15,8 +15,9 @@ CONFIG = "config.json"
 RESULTS = "results.jsonl"
 SUMMARY = "summary.json"
 # Facts of a config's "environment" (machine.environment) that describe when a run started, not
-# what makes its rows comparable: --resume does not compare them.
-VOLATILE = ("date", "git_commit", "git_dirty")
+# what makes its rows comparable: --resume does not compare them. Endpoints' URLs are where the
+# servers listened (a restarted server may listen elsewhere); their names and models are compared.
+VOLATILE = ("date", "git_commit", "git_dirty", "endpoint_urls")
 
 
 def check_out_dir(out: Path, config: dict, resume: bool) -> None:

@@ -1,6 +1,6 @@
 """Greedy outputs of a bench run against transformers' generate (`hf-ar`), differences explained.
 
-specdec's own methods are compared with `ar` bit for bit (summary.greedy_equality). Against
+specdec's own methods are compared with `ar` bit for bit (equality.greedy_equality). Against
 hf-ar, transformers' plain decoding on an unmodified copy of the target, kernels differ, so an
 output may part from it where the target's top two logits (nearly) tie. After the runs, each
 row that differs from hf-ar's row on the same prompt and repeat gets its first difference and the
@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..method import parse
 from ..store import read_json, read_rows, write_json_atomic
 
 if TYPE_CHECKING:
@@ -32,8 +33,9 @@ def explain_differences(out: Path, target: PreTrainedModel, prompt_ids: dict[str
     reference = {(r["prompt_id"], r["repeat"]): r["new_tokens"] for r in rows if r["method"] == REFERENCE}
     for r in rows:
         ref = reference.get((r["prompt_id"], r["repeat"]))
-        key = _key(r)
-        if ref is None or r["method"] == REFERENCE or key in known or r["new_tokens"] == ref:
+        key = row_key(r)
+        if ref is None or r["method"] == REFERENCE or key in known or r["new_tokens"] == ref \
+                or parse(r["method"]).is_endpoint:  # a server's kernels and weights: not held to hf-ar
             continue
         diff = first_difference(target, prompt_ids[r["prompt_id"]], ref, r["new_tokens"])
         known[key] = {"position": diff.position, "reference_token": diff.expected, "token": diff.got,
@@ -55,7 +57,7 @@ def agreement(rows: list[dict], reference: list[dict], differences: dict) -> dic
     ref = {(r["prompt_id"], r["repeat"]): r["new_tokens"] for r in reference}
     pairs = [(r, r["new_tokens"] == ref[key]) for r in rows if (key := (r["prompt_id"], r["repeat"])) in ref]
     differing = [r for r, equal in pairs if not equal]
-    listed = [{"prompt": r["prompt_id"], "repeat": r["repeat"], **differences.get(_key(r), {"kind": "unexplained"})}
+    listed = [{"prompt": r["prompt_id"], "repeat": r["repeat"], **differences.get(row_key(r), {"kind": "unexplained"})}
               for r in differing]
     prompts = {r["prompt_id"] for r, _ in pairs}
     return {
@@ -67,5 +69,5 @@ def agreement(rows: list[dict], reference: list[dict], differences: dict) -> dic
     }
 
 
-def _key(row: dict) -> str:
+def row_key(row: dict) -> str:
     return f"{row['method']}|{row['prompt_id']}|{row['repeat']}"

@@ -106,7 +106,7 @@ def _provenance(env: dict) -> list[str]:
 
 
 TABLE_HEAD = ["method", "tok/s median [q1, q3]", "speedup median [95% CI]", "geomean [95% CI]",
-              "mean accepted length", "acceptance", "predicted (error)", "prefill s", "peak MiB"]
+              "mean accepted length", "acceptance", "predicted (error)", "prefill s (TTFT)", "peak MiB"]
 PREDICTION_HEAD = ["method", "C_T(1)", "C_D", "C_V(k)", "mean block", "C_O", "ar overhead", "rates",
                    "E[tokens/round]", "predicted", "measured", "error"]
 
@@ -118,7 +118,7 @@ def _table(title: str, group: dict) -> list[str]:
     rows = [[
         f"`{label}`", _quartiles(m["tokens_per_s"]), _interval(m["speedup"], "median", "ci95_median"),
         _interval(m["speedup"], "geomean", "ci95_geomean"), num(m["mean_accepted_length"]), pct(m["acceptance_rate"]),
-        _predicted(m["prediction"]), num(m["prefill_s"]["median"]), f"{m['peak_memory_bytes'] / 2**20:.0f}",
+        _predicted(m["prediction"]), num(m["prefill_s"]["median"]), _mib(m["peak_memory_bytes"]),
     ] for label, m in group["methods"].items()]
     return lines + table(TABLE_HEAD, rows) + [""]
 
@@ -142,11 +142,12 @@ def _equality_section(group: dict) -> list[str]:
     checks = {label: m["greedy_equal"] for label, m in group["methods"].items() if m["greedy_equal"]}
     lines = []
     if checks:
-        lines += ["## Greedy output equal to ar, bit for bit", ""]
+        lines += ["## Greedy output equal to the baseline (ar; an endpoint: the --baseline endpoint), bit for bit", ""]
         for label, c in checks.items():
             verdict = "all equal" if not c["mismatches"] else (
                 f"**{c['mismatches']} differ**: {', '.join(map(str, c['mismatching_prompts']))}"
-            )
+            ) + "".join(f"; {d['prompt']}: token {d['position']}, gap {d['gap']:.3g}, {d['kind']}" if d["gap"] is not None
+                        else f"; {d['prompt']}: {d['kind']}" for d in c.get("differences", []))
             lines.append(f"- `{label}`: {c['prompts_compared']} prompts compared, {verdict}")
         lines.append("")
     agreements = {label: m["hf_agreement"] for label, m in group["methods"].items() if m.get("hf_agreement")}
@@ -160,6 +161,10 @@ def _equality_section(group: dict) -> list[str]:
             lines.append(f"- `{label}`: {verdict}" + (f" (**{a['unexplained']} not ties**)" if a["unexplained"] else ""))
         lines.append("")
     return lines
+
+
+def _mib(n: int | None) -> str:
+    return "-" if n is None else f"{n / 2**20:.0f}"  # an endpoint's memory is the server's
 
 
 def _quartiles(q: dict | None) -> str:

@@ -11,9 +11,11 @@ from collections.abc import Callable
 import numpy as np
 
 from ..costmodel import Acceptance, Costs, prediction_error, predicted_speedup
+from .served import server_acceptance
 from ..method import Method, legacy, parse
 from ..stats import DECODE_PHASES
 from .agreement import REFERENCE, agreement
+from .equality import greedy_equality
 
 BASELINE = "ar"
 BOOTSTRAP_RESAMPLES = 2000
@@ -36,7 +38,13 @@ NOTES = {
     "nothing count at a=0; rounds_without_proposal says how many)",
     "time_per_token_s": "seconds per decode token: each phase's total time over all decode tokens",
     "greedy_equal": "greedy runs only: prompts whose tokens differ from ar's (specdec's plain decoding) in "
-    "any repeat, compared bit for bit with no tolerance",
+    "any repeat, compared bit for bit with no tolerance; an endpoint against the --baseline endpoint, by "
+    "token ids where both servers name them (logprobs), else by text",
+    "endpoints": "endpoint:name=NAME rows come from an OpenAI-compatible server, streamed: prefill_s is the "
+    "time to the first token, tokens/s counts the tokens after the first chunk over the time from it to the "
+    "last; acceptance is what the server reports (llama.cpp: timings.draft_n_accepted / draft_n per request; "
+    "vLLM: its /metrics counters read before and after each request or concurrent wave); speedups are over "
+    "the --baseline endpoint on the same prompt and repeat",
     "hf_agreement": "greedy runs with hf-ar only: prompts equal to transformers' plain generate() (run on an "
     "unmodified copy of the target) in every repeat; each difference with the target's top-1/top-2 logit "
     "gap at its first differing token (specdec's forward of the common prefix): an exact tie, a near-tie "
@@ -74,28 +82,36 @@ def summarize(rows: list[dict], config: dict, differences: dict | None = None) -
     return {
         "config": config,
         "notes": NOTES,
-        "overall": summarize_group(rows, order, methods, greedy, differences or {}),
+        "overall": summarize_group(rows, order, methods, greedy, differences or {}, config.get("baseline")),
         "categories": {
-            c: summarize_group([r for r in rows if r["category"] == c], order, methods, greedy, differences or {})
+            c: summarize_group([r for r in rows if r["category"] == c], order, methods, greedy, differences or {},
+                               config.get("baseline"))
             for c in categories
         },
     }
 
 
+def baseline_of(method: Method, endpoint_baseline: str | None) -> str:
+    """What a method's speedup and equality are measured against: `ar` for specdec's own
+    methods, bench's --baseline endpoint for endpoints (servers are compared with servers)."""
+    return endpoint_baseline if method.is_endpoint and endpoint_baseline else BASELINE
+
+
 def summarize_group(rows: list[dict], order: list[str], methods: dict[str, Method], greedy: bool,
-                    differences: dict) -> dict:
+                    differences: dict, endpoint_baseline: str | None = None) -> dict:
     by_method = defaultdict(list)
     for row in rows:
         by_method[row["method"]].append(row)
-    baseline = by_method.get(BASELINE, [])
     reference = by_method.get(REFERENCE, []) if greedy else []
     return {
         "n_prompts": len({r["prompt_id"] for r in rows}),
         "methods": {
             label: {
-                **summarize_method(by_method[label], label, methods[label], baseline, greedy),
+                **summarize_method(by_method[label], label, methods[label],
+                                   by_method.get(baseline_of(methods[label], endpoint_baseline), []), greedy,
+                                   differences),
                 "hf_agreement": agreement(by_method[label], reference, differences)
-                if reference and label != REFERENCE else None,
+                if reference and label != REFERENCE and not methods[label].is_endpoint else None,
             }
             for label in order
             if by_method[label]
@@ -103,8 +119,9 @@ def summarize_group(rows: list[dict], order: list[str], methods: dict[str, Metho
     }
 
 
-def summarize_method(rows: list[dict], label: str, method: Method, baseline: list[dict], greedy: bool) -> dict:
-    is_baseline = label == BASELINE
+def summarize_method(rows: list[dict], label: str, method: Method, baseline: list[dict], greedy: bool,
+                     differences: dict | None = None) -> dict:
+    is_baseline = bool(baseline) and baseline[0]["method"] == label
     speedup = None if is_baseline or not baseline else speedup_summary(paired_speedups(rows, baseline))
     return {
         "kind": method.kind,
@@ -116,9 +133,11 @@ def summarize_method(rows: list[dict], label: str, method: Method, baseline: lis
         "speedup": speedup,
         **acceptance_summary(rows),
         "time_per_token_s": time_per_token(rows),
-        "greedy_equal": greedy_equality(rows, baseline) if greedy and baseline and not is_baseline else None,
+        "greedy_equal": greedy_equality(rows, baseline, differences if method.is_endpoint else None)
+        if greedy and baseline and not is_baseline else None,
         "prediction": prediction(rows, baseline, method, speedup) if method.speculative and speedup else None,
-        "peak_memory_bytes": max(r["peak_memory_bytes"] for r in rows),
+        "peak_memory_bytes": max((r["peak_memory_bytes"] for r in rows if r["peak_memory_bytes"] is not None),
+                                 default=None),
     }
 
 
@@ -175,7 +194,9 @@ def bootstrap_ci(
 def acceptance_summary(rows: list[dict]) -> dict:
     if rows[0]["accept_lengths"] is not None:
         return _engine_acceptance(rows)
-    if rows[0]["round_tokens"] is None:  # llama.cpp: no rounds to count
+    if any(r.get("accept_source") for r in rows):
+        return server_acceptance(rows)
+    if rows[0]["round_tokens"] is None:  # llama.cpp, endpoints without counts: no rounds to count
         return {"accept_source": None, "rounds": None, "mean_accepted_length": None, "acceptance_rate": None,
                 "position_acceptance": None, "accept_length_histogram": [], "rounds_without_proposal": None}
     # HF methods: each streamer chunk after the first is one target call's committed tokens.
@@ -225,17 +246,6 @@ def time_per_token(rows: list[dict]) -> dict | None:
     phases = DECODE_PHASES if "verify" in rows[0]["times"] else ()  # HF's decode is one undivided span
     split = {phase: _total(rows, phase) / tokens for phase in phases}
     return {**split, "decode": sum(r["decode_s"] for r in rows) / tokens}
-
-
-def greedy_equality(rows: list[dict], baseline: list[dict]) -> dict:
-    base = {(r["prompt_id"], r["repeat"]): r["new_tokens"] for r in baseline}
-    pairs = [(r["prompt_id"], r["new_tokens"] == base[key]) for r in rows if (key := (r["prompt_id"], r["repeat"])) in base]
-    mismatching = list(dict.fromkeys(prompt for prompt, equal in pairs if not equal))
-    return {
-        "prompts_compared": len({prompt for prompt, _ in pairs}),
-        "mismatches": len(mismatching),
-        "mismatching_prompts": mismatching,
-    }
 
 
 def _draft_call_time(rows: list[dict]) -> float:

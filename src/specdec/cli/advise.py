@@ -9,6 +9,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from ..errors import SpecdecError
+from ..export import ENGINES
+from ..advice import Advice
 from ..tune.advise import AdviseSettings
 from .args import (add_model_args, add_settings, at_least_one, draft_flags, load_target, options, quant_record,
                    settings_of, setup_of)
@@ -31,13 +33,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     a.add_argument("--acceptance", metavar="FILE",
                    help="take each proposer's acceptance from this `advise --json` output of a run where "
                         "the real weights are, and measure only the costs here")
+    a.add_argument("--export", choices=ENGINES,
+                   help="print the recommendation as vLLM's --speculative-config or llama.cpp's llama-server flags "
+                        "(with --json: as JSON), with the measured reason")
+    a.add_argument("--from", dest="from_file", metavar="FILE",
+                   help="with --export: take the recommendation from this advice record (`advise --json` output "
+                        "or a saved one) instead of measuring; --target and --draft name the models it was for")
     a.set_defaults(func=cmd_advise)
 
 
 def cmd_advise(args: argparse.Namespace) -> int:
     import torch
 
-    from ..advice import Advice, save_advice
+    from ..advice import save_advice
     from ..datasets import Selection, load_prompts
     from ..lm import logit_width
     from ..machine import environment
@@ -46,6 +54,10 @@ def cmd_advise(args: argparse.Namespace) -> int:
     from ..tune.advise import candidates, run_advise
     from ..tune.render import render
 
+    if args.from_file and not args.export:
+        raise SpecdecError("--from FILE gives the advice for --export: add --export vllm or --export llamacpp")
+    if args.from_file:
+        return _print_export(Advice.load(args.from_file), args)
     at_least_one(args, *options(AdviseSettings))
     if args.random_weights and not args.acceptance:
         raise SpecdecError("random weights cannot measure acceptance: add --acceptance FILE, the output of "
@@ -72,10 +84,30 @@ def cmd_advise(args: argparse.Namespace) -> int:
         environment=environment(args.device, resolve_dtype(args.dtype, args.device), [f.label for f in families],
                                 quant_record(args)),
     )
-    print(json.dumps(advice.to_json(), indent=1) if args.json else render(advice))
+    if not args.export:
+        print(json.dumps(advice.to_json(), indent=1) if args.json else render(advice))
     path = save_advice(setup_of(args, flags["vocab"]), advice)
     print(f"[advise] saved for `specdec generate --proposer auto`: {path}", file=sys.stderr)
+    return _print_export(advice, args) if args.export else 0
+
+
+def _print_export(advice, args: argparse.Namespace) -> int:
+    from ..export import export
+
+    target, draft = (_engine_file(name, args.export) for name in (args.target, args.draft))
+    out = export(advice, args.export, target, draft)
+    print(json.dumps(out.to_json(), indent=1) if args.json else out.render())
     return 0
+
+
+def _engine_file(name: str, engine: str) -> str:
+    """What the engine loads for a registry name or a folder: llama.cpp a GGUF file, vLLM a
+    Hugging Face folder (a registry model's converted safetensors folder in the cache)."""
+    from ..registry import REGISTRY, converted_folder, gguf_file
+
+    if name in REGISTRY:
+        return str(gguf_file(name) if engine == "llamacpp" else converted_folder(REGISTRY[name]))
+    return f"{name}.gguf" if engine == "llamacpp" else name  # a folder: llama.cpp needs its GGUF conversion
 
 
 def _load(args: argparse.Namespace, families):

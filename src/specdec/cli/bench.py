@@ -13,6 +13,7 @@ from ..method import KINDS, Method
 from .args import (add_model_args, add_sampling_args, at_least_one, draft_flags, load_advice, load_drafts, load_target,
                    quant_record, resolve)
 
+DEFAULT_METHODS = "ar,draft,lookup"
 METHODS_HELP = (
     "comma list of method specs, KIND[:OPTION=VALUE]...: "
     + "; ".join(f"{kind} ({', '.join(options) or 'no options'})" for kind, options in KINDS.items())
@@ -33,7 +34,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--categories", help="comma list: keep only these categories")
     b.add_argument("--per-category", type=int, help="keep the first N prompts of each category")
     b.add_argument("--limit", type=int, help="keep the first N prompts (after the filters above)")
-    b.add_argument("--methods", default="ar,draft,lookup", help=METHODS_HELP)
+    b.add_argument("--methods", default=None,
+                   help=METHODS_HELP + f". Default: {DEFAULT_METHODS}, or none where --endpoint is given")
+    b.add_argument("--endpoint", action="append", default=[], metavar="NAME=URL",
+                   help="an OpenAI-compatible server to measure beside (or instead of) the methods, as method "
+                        "endpoint:name=NAME: URL is its /v1/completions (prompt ids from --target's tokenizer) or "
+                        "/v1/chat/completions (the prompt's text); repeatable")
+    b.add_argument("--baseline", metavar="NAME", help="the endpoint whose speed and output the other endpoints "
+                   "are compared with (specdec's own methods are compared with ar)")
+    b.add_argument("--concurrency", type=int, default=1, metavar="N",
+                   help="endpoints only: N requests at once (consecutive prompts), to see the speedup under load")
+    b.add_argument("--endpoint-timeout", type=float, default=300.0, metavar="S",
+                   help="seconds an endpoint may stay silent (to connect, or between two stream chunks)")
     b.add_argument("--max-ngram", type=int, default=None, help="ngram=N for every method that takes it")
     b.add_argument("--repeats", type=int, default=1, help="runs of every method on every prompt")
     b.add_argument("--out", required=True, help="output folder (must be new or empty unless --resume)")
@@ -55,20 +67,25 @@ def cmd_bench(args: argparse.Namespace) -> int:
     import torch
 
     from ..bench.agreement import REFERENCE, explain_differences
+    from ..bench.endpoint import EndpointExecutor, EndpointSettings, Routed, explain_endpoint_differences
     from ..bench.execute import Executor, RunSettings, check_llamacpp
     from ..bench.report import REPORT, report_folder
     from ..bench.runner import EncodedPrompt, run_bench
     from ..datasets import Selection, load_prompts
     from ..engine import eos_token_ids
     from ..machine import PeakMemory
-    from ..method import parse_list
+    from ..method import parse, parse_list
+    from ..models import load_tokenizer
     from ..prompts import encode_prompt
     from ..sampling import SamplingConfig
     from ..store import RESULTS, check_out_dir, read_rows
 
-    methods = parse_list(args.methods, {**draft_flags(args), "ngram": ("--max-ngram", args.max_ngram)})
+    text = args.methods if args.methods is not None else "" if args.endpoint else DEFAULT_METHODS
+    local = parse_list(text, {**draft_flags(args), "ngram": ("--max-ngram", args.max_ngram)}) if text else []
     sampling = SamplingConfig(args.temperature, args.top_k, args.top_p)  # validates them
-    at_least_one(args, "repeats", "max_new_tokens")
+    at_least_one(args, "repeats", "max_new_tokens", "concurrency")
+    endpoints, baseline = bench_endpoints(args, local, sampling)
+    methods = local + [parse(f"endpoint:name={e.name}") for e in endpoints]
     if args.pay_rule and not any(m.pay for m in methods):
         raise SpecdecError("--pay-rule applies to no method in --methods: add pay=1 to a draft method")
     check_llamacpp([m for m in methods if m.is_llamacpp], args.target, sampling)  # before the slow part
@@ -81,27 +98,69 @@ def cmd_bench(args: argparse.Namespace) -> int:
     config = bench_config(args, methods, prompts, path, memory.kind, auto)
     if auto:
         config["auto"] = {"runs": auto.label, "why": why}
+    remote = EndpointExecutor(endpoints, EndpointSettings(args.max_new_tokens, args.endpoint_timeout), {}) \
+        if endpoints else None
+    if remote:  # probed before the slow part: a server that is down is an error at once
+        config.update(endpoints=remote.prepare(), baseline=baseline, concurrency=args.concurrency)
+        config["environment"]["endpoint_urls"] = remote.urls()
     # Checked before the models load (slow), so a refused folder is refused at once.
     check_out_dir(out, config, args.resume)
 
     advice = load_advice(args.pay_rule)
-    target, tokenizer = load_target(args)
-    run = _resolved(methods, auto)
-    drafts = load_drafts(args, target, tokenizer, run)
+    target, tokenizer = load_target(args) if local else (None, load_tokenizer(args.target, args.trust_remote_code))
+    executor = None
+    if local:
+        drafts = load_drafts(args, target, tokenizer, _resolved(local, auto))
+        settings = RunSettings(args.max_new_tokens, sampling, args.seed, eos_token_ids(target))
+        executor = Executor(target, drafts, settings, memory, auto, advice, target_name=args.target)
+        executor.prepare(local)
     encoded = [EncodedPrompt(p, encode_prompt(tokenizer, p.text, raw=args.raw)) for p in prompts]
-    settings = RunSettings(args.max_new_tokens, sampling, args.seed, eos_token_ids(target))
-    executor = Executor(target, drafts, settings, memory, auto, advice, target_name=args.target)
-    executor.prepare(methods)
+    if remote:
+        remote.texts.update({tuple(e.ids): e.prompt.text for e in encoded})
     try:
-        run_bench(out, config, encoded, methods, args.repeats, executor, progress=not args.no_progress)
+        run_bench(out, config, encoded, methods, args.repeats, Routed(executor, remote),
+                  progress=not args.no_progress, concurrency=args.concurrency)
+        if remote and baseline:  # each difference between servers, with its gap (re-asked for top logprobs)
+            explain_endpoint_differences(out, remote, {e.prompt.id: e.ids for e in encoded}, baseline)
     except KeyboardInterrupt:
         print(f"\nspecdec: interrupted; the {len(read_rows(out))} finished rows are kept in {out / RESULTS}.\n"
               f"resume with: {_resume_command()}", file=sys.stderr)
         return 130
+    except SpecdecError as e:  # an endpoint failed: what was measured stays, and can be continued
+        raise SpecdecError(f"{e} ({len(read_rows(out))} finished rows kept in {out / RESULTS}; "
+                           f"continue with: {_resume_command()})") from None
+    finally:
+        if remote:
+            remote.close()
     if sampling.greedy and any(m.kind == REFERENCE for m in methods):
         explain_differences(out, target, {e.prompt.id: e.ids for e in encoded})
     print(_digest(report_folder(out)) + f"\nreport: {out / REPORT}", file=sys.stderr)
     return 0
+
+
+def bench_endpoints(args: argparse.Namespace, local: list[Method], sampling) -> tuple[list, str | None]:
+    """The --endpoint servers and the label of the --baseline one, with one-line errors for
+    what cannot be measured fairly."""
+    from ..endpoints.spec import parse_endpoints
+
+    endpoints = parse_endpoints(args.endpoint)
+    if not endpoints and not local:
+        raise SpecdecError("nothing to measure: give --methods or --endpoint")
+    if not endpoints:
+        for flag, given in (("--baseline", args.baseline), ("--concurrency", args.concurrency > 1)):
+            if given:
+                raise SpecdecError(f"{flag} applies to endpoints: add --endpoint NAME=URL")
+        return [], None
+    if not sampling.greedy:
+        raise SpecdecError("endpoints are measured greedy (their outputs are compared token for token): "
+                           "drop --temperature")
+    if args.concurrency > 1 and local:
+        raise SpecdecError("--concurrency runs endpoints only (specdec's methods run one at a time in this "
+                           f"process): bench {', '.join(m.label for m in local)} without it, in another --out")
+    names = [e.name for e in endpoints]
+    if args.baseline is not None and args.baseline not in names:
+        raise SpecdecError(f"--baseline {args.baseline} is not one of the endpoints ({', '.join(names)})")
+    return endpoints, f"endpoint:name={args.baseline}" if args.baseline else None
 
 
 def cmd_report(args: argparse.Namespace) -> int:

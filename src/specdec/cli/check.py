@@ -19,6 +19,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_settings(c, CheckPlan)
     c.add_argument("--raw", action="store_true", help="no chat template for the greedy prompts")
     c.add_argument("--json", action="store_true")
+    c.add_argument("--endpoint", metavar="NAME=URL",
+                   help="check an OpenAI-compatible server instead (its speculative greedy output against "
+                        "--reference's, on the built-in prompts; /v1/completions takes --target's tokenizer)")
+    c.add_argument("--reference", metavar="NAME=URL", help="the server whose plain greedy output is the reference")
+    c.add_argument("--tolerance", type=float, default=None, metavar="GAP",
+                   help="with --endpoint: a difference where the reference's two best tokens are less than GAP "
+                        "apart (log-probabilities) is a near-tie, not a failure (default: "
+                        "specdec.endpoint_check.DEFAULT_TOLERANCE)")
+    c.add_argument("--endpoint-timeout", type=float, default=300.0, metavar="S",
+                   help="seconds an endpoint may stay silent")
     c.set_defaults(func=cmd_check)
 
 
@@ -30,6 +40,8 @@ def cmd_check(args: argparse.Namespace) -> int:
     from ..hf import hf_greedy
     from ..prompts import encode_prompt
 
+    if args.endpoint or args.reference:
+        return cmd_check_endpoint(args)
     method = method_of(args)
     if method.kind == "ar":
         raise SpecdecError("check compares a proposer with plain decoding: use --proposer draft or lookup")
@@ -67,3 +79,43 @@ def cmd_check(args: argparse.Namespace) -> int:
             print(f"{'PASS' if r.passed else 'FAIL'}  {r.name}\n      {r.detail}")
         print(f"[check] {sum(r.passed for r in results)}/{len(results)} passed in {seconds:.0f} s")
     return 0 if all(r.passed for r in results) else 1
+
+
+def cmd_check_endpoint(args: argparse.Namespace) -> int:
+    """`check --endpoint A --reference B`: greedy equality of two servers (specdec.endpoint_check)."""
+    import httpx
+    from tqdm import tqdm
+
+    from .. import endpoint_check
+    from ..check import GREEDY_PROMPTS
+    from ..endpoints.spec import COMPLETIONS, parse_endpoints
+    from ..models import load_tokenizer
+    from ..prompts import encode_prompt
+
+    if not (args.endpoint and args.reference):
+        raise SpecdecError("check a server with both --endpoint NAME=URL and --reference NAME=URL")
+    candidate, reference = parse_endpoints([args.endpoint, args.reference])
+    tolerance = endpoint_check.DEFAULT_TOLERANCE if args.tolerance is None else args.tolerance
+    texts = list(GREEDY_PROMPTS[: args.greedy_prompts])
+    needs_ids = COMPLETIONS in (candidate.api, reference.api)
+    tokenizer = load_tokenizer(args.target, args.trust_remote_code) if needs_ids else None
+    prompts = [(encode_prompt(tokenizer, t, raw=args.raw) if tokenizer else None, t) for t in texts]
+    start = time.perf_counter()
+    with httpx.Client(timeout=httpx.Timeout(args.endpoint_timeout)) as client, \
+            tqdm(total=len(prompts), desc="prompts", file=sys.stderr) as bar:
+        results = endpoint_check.run_check(client, candidate, reference, prompts, args.greedy_tokens, tolerance,
+                                           progress=bar.update)
+    seconds = time.perf_counter() - start
+    passed = all(r.passed for r in results)
+    if args.json:
+        print(json.dumps(endpoint_check.to_json(results, candidate, reference, tolerance, seconds)))
+    else:
+        print(f"{'PASS' if passed else 'FAIL'}  {candidate.name} ({candidate.url}) against {reference.name} "
+              f"({reference.url}), greedy, {len(results)} prompts x {args.greedy_tokens} tokens, "
+              f"near-tie below a gap of {tolerance:g}")
+        for r in results:
+            print(f"      prompt {r.prompt}: {r.describe()}")
+        differ = [r for r in results if r.position is not None]
+        print(f"[check] {len(results) - len(differ)}/{len(results)} identical; {len(differ)} differ, "
+              f"{sum(not r.passed for r in differ)} not explained by a tie ({seconds:.0f} s)")
+    return 0 if passed else 1

@@ -1,0 +1,185 @@
+"""Bench rows from OpenAI-compatible endpoints (`endpoint:name=NAME` methods), beside the rows of
+specdec's own methods, which another executor runs (`Routed` sends each method to its own).
+
+A row carries what every row does (new tokens, prefill_s = time to first token, decode_s,
+decode_tokens, tokens_per_s: bench.execute's definitions) and what the server says about its
+speculation: llama.cpp's `timings` (draft_n, draft_n_accepted) per request, or the difference
+of vLLM's /metrics counters read before and after. Where the server names no token ids the
+row's `new_tokens` is None and its `text` is what equality compares.
+
+Concurrency: `run_wave` sends one request per prompt of a wave at once, each on its own
+thread, and times each stream on its own; vLLM's counters are read around the whole wave (they
+are the server's, not a request's) and filed under the wave's first row only, so sums over rows
+count each wave once. A wave whose any request fails writes no row: its rows were measured
+under a load the others did not see through.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from ..endpoint_check import DEFAULT_TOLERANCE, TOP_LOGPROBS, compare
+from ..endpoints.metrics import SpecCounters, parse_counters
+from ..endpoints.spec import Endpoint, Served, get, probe
+from ..endpoints.stream import Request, Streamed, complete
+from ..method import Method, parse
+from ..store import read_rows, write_json_atomic
+from .agreement import DIFFERENCES, read_differences, row_key
+from .execute import WARMUP_TOKENS
+from .equality import same_output
+
+Prompt = tuple[list[int], str]  # (ids for /v1/completions, text for /v1/chat/completions)
+
+
+@dataclass(frozen=True)
+class EndpointSettings:
+    max_new_tokens: int
+    timeout_s: float
+    top_logprobs: int = 1  # enough for the ids; check asks for 2, for the gap
+
+
+class EndpointExecutor:
+    """Runs `endpoint:name=NAME` methods against the endpoints of those names."""
+
+    def __init__(self, endpoints: list[Endpoint], settings: EndpointSettings, texts: dict[tuple[int, ...], str]):
+        """`texts` maps a prompt's ids to its text, for chat endpoints (the runner hands out ids)."""
+        self.endpoints = {e.name: e for e in endpoints}
+        self.settings, self.texts = settings, texts
+        self.client = httpx.Client(timeout=httpx.Timeout(settings.timeout_s))
+        self.served: dict[str, Served] = {}
+
+    def prepare(self) -> dict[str, dict]:
+        """Probe every endpoint once (a one-line error if one is down or not OpenAI-compatible);
+        returns what each serves, for the run's config (the URLs go to its environment: a
+        server restarted on another port may continue a run, store.VOLATILE)."""
+        self.served = {name: probe(e, self.client) for name, e in self.endpoints.items()}
+        return {name: {"api": e.api, "model": self.served[name].model, "vllm_metrics": self.served[name].vllm_metrics}
+                for name, e in self.endpoints.items()}
+
+    def urls(self) -> dict[str, str]:
+        return {name: e.url for name, e in self.endpoints.items()}
+
+    def warm_up(self, method: Method, prompt_ids: list[int]) -> None:
+        self.complete(method, prompt_ids, min(WARMUP_TOKENS, self.settings.max_new_tokens))
+
+    def run(self, method: Method, prompt_ids: list[int], repeat: int) -> dict:
+        return self.run_wave(method, [prompt_ids])[0]
+
+    def run_wave(self, method: Method, prompts: list[list[int]]) -> list[dict]:
+        """One row per prompt, all requests in flight at once (one alone on this thread, so that
+        an interrupt stops it at once rather than after the request)."""
+        counters = self._counters(method)
+        before = counters() if counters else None
+        one = lambda ids: self.complete(method, ids, self.settings.max_new_tokens)
+        if len(prompts) == 1:
+            streams = [one(prompts[0])]
+        else:
+            with ThreadPoolExecutor(max_workers=len(prompts)) as pool:
+                streams = list(pool.map(one, prompts))
+        rows = [endpoint_row(s, len(prompts)) for s in streams]
+        if counters:
+            rows[0].update(counters().minus(before).row_fields())
+        return rows
+
+    def close(self) -> None:
+        self.client.close()
+
+    def complete(self, method: Method, prompt_ids: list[int], max_tokens: int, top_logprobs: int | None = None) \
+            -> Streamed:
+        endpoint = self.endpoints[method.name]
+        request = Request(max_tokens, prompt_ids=prompt_ids, message=self.texts.get(tuple(prompt_ids)),
+                          top_logprobs=top_logprobs or self.settings.top_logprobs)
+        return complete(self.client, endpoint, self.served[method.name].model, request)
+
+    def _counters(self, method: Method) -> Callable[[], SpecCounters] | None:
+        endpoint = self.endpoints[method.name]
+        if not self.served[method.name].vllm_metrics:
+            return None
+        return lambda: parse_counters(get(self.client, endpoint, f"{endpoint.server}/metrics").text)
+
+
+def explain_endpoint_differences(out: Path, executor: EndpointExecutor, prompt_ids: dict[str, list[int]],
+                                 baseline: str, tolerance: float = DEFAULT_TOLERANCE) -> dict:
+    """For every endpoint row whose output differs from the baseline endpoint's, ask both servers
+    again with two top logprobs and file the first difference with the baseline's gap there
+    (endpoint_check.compare) in differences.json, as agreement.explain_differences does for
+    hf-ar; greedy servers repeat themselves, and a difference that does not come back is filed
+    as "not reproduced". Rows explained before are kept; returns the file's content."""
+    path = out / DIFFERENCES
+    known = read_differences(out)
+    rows = read_rows(out)
+    base = {(r["prompt_id"], r["repeat"]): r for r in rows if r["method"] == baseline}
+    for r in rows:
+        ref = base.get((r["prompt_id"], r["repeat"]))
+        key = row_key(r)
+        if ref is None or r["method"] == baseline or key in known or same_output(r, ref):
+            continue
+        method = parse(r["method"])
+        if not method.is_endpoint:
+            continue
+        ids = prompt_ids[r["prompt_id"]]
+        again = [executor.complete(m, ids, executor.settings.max_new_tokens, top_logprobs=TOP_LOGPROBS)
+                 for m in (parse(baseline), method)]
+        diff = compare(0, *again, tolerance)
+        known[key] = {"position": diff.position, "reference_token": diff.reference_token,
+                      "token": diff.candidate_text, "gap": diff.gap, "tolerance": tolerance,
+                      "kind": diff.kind or "not reproduced"}
+    if known:
+        write_json_atomic(path, known)
+    return known
+
+
+def endpoint_row(s: Streamed, concurrency: int) -> dict:
+    """The measurement fields of one endpoint row."""
+    timings = s.timings or {}
+    drafted = "draft_n" in timings
+    return {
+        "new_tokens": s.ids,
+        "text": s.text,
+        "n_new": s.n_tokens,
+        "finish_reason": s.finish_reason,
+        "prefill_s": s.ttft_s,
+        "decode_s": s.decode_s,
+        "decode_tokens": s.decode_tokens,
+        "tokens_per_s": s.decode_tokens / s.decode_s if s.decode_tokens > 0 and s.decode_s > 0 else None,
+        "ttft_s": s.ttft_s,
+        "concurrency": concurrency,
+        "times": {"prefill": s.ttft_s, "decode": s.decode_s},
+        "rounds": None,
+        "accept_source": "llama.cpp timings" if drafted else None,
+        "proposed": timings.get("draft_n"),
+        "accepted": timings.get("draft_n_accepted"),
+        "accept_lengths": None,
+        "proposed_lengths": None,
+        "position_judged": None,
+        "position_accepted": None,
+        "round_tokens": None,
+        "target_calls": None,
+        "draft_calls": None,
+        "server_timings": s.timings,
+        "peak_memory_bytes": None,  # the server's memory is not this process's to measure
+    }
+
+
+class Routed:
+    """The runner's executor: endpoint methods to `endpoints`, the others to `local`."""
+
+    def __init__(self, local, endpoints: EndpointExecutor | None):
+        self.local, self.endpoints = local, endpoints
+
+    def _for(self, method: Method):
+        return self.endpoints if method.is_endpoint else self.local
+
+    def warm_up(self, method: Method, prompt_ids: list[int]) -> None:
+        self._for(method).warm_up(method, prompt_ids)
+
+    def run(self, method: Method, prompt_ids: list[int], repeat: int) -> dict:
+        return self._for(method).run(method, prompt_ids, repeat)
+
+    def run_wave(self, method: Method, prompts: list[list[int]]) -> list[dict]:
+        return self.endpoints.run_wave(method, prompts)

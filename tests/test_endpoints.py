@@ -1,0 +1,297 @@
+"""specdec.endpoints and bench/check against OpenAI-compatible servers, without real models: the
+--endpoint grammar, vLLM's /metrics counters (a recorded text in its exposition format), the
+streamed layouts, the export's keys, and every failure the bench must survive (a tiny local server
+that misbehaves on purpose, tests/fake_openai.py). The real llama.cpp server: test_serving.py."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import httpx
+import pytest
+from conftest import word_tokenizer
+from fake_openai import FakeServer, completion_ids, expected_counters
+
+from specdec import models
+from specdec.advice import Advice
+from specdec.bench.served import position_rates, server_acceptance
+from specdec.cli import main
+from specdec.endpoint_check import compare
+from specdec.endpoints.metrics import SpecCounters, has_spec_counters, parse_counters
+from specdec.endpoints.spec import parse_endpoint
+from specdec.endpoints.stream import Request, Streamed, complete
+from specdec.errors import SpecdecError
+from specdec.export import export
+from specdec.llama_server import free_port
+from specdec.method import parse
+from specdec.store import read_rows
+
+DATA = Path(__file__).parent / "data"
+ADVICE = Path(__file__).parent.parent / "docs" / "advise" / "humaneval-int8.json"
+
+
+# --- the grammar ------------------------------------------------------------------------------
+
+
+def test_endpoint_urls_name_their_api():
+    assert parse_endpoint("a=http://127.0.0.1:8000").url == "http://127.0.0.1:8000/v1/completions"
+    assert parse_endpoint("a=http://h:1/v1/").api == "completions"
+    chat = parse_endpoint("b.2=https://h:1/v1/chat/completions")
+    assert (chat.api, chat.server) == ("chat", "https://h:1")
+    assert parse("endpoint:name=b.2").label == "endpoint:name=b.2"
+
+
+@pytest.mark.parametrize("text, message", [
+    ("http://h:1", "NAME=URL"), ("a:b=http://h:1", "takes letters"), ("a=ftp://h", "not an http"),
+    ("a=http://h:1/generate", "neither /v1/completions"),
+])
+def test_bad_endpoints_are_one_line_errors(text, message):
+    with pytest.raises(SpecdecError, match=message):
+        parse_endpoint(text)
+
+
+def test_an_endpoint_method_needs_its_name():
+    with pytest.raises(SpecdecError, match="needs name=NAME"):
+        parse("endpoint")
+
+
+# --- vLLM's counters --------------------------------------------------------------------------
+
+
+def test_vllm_counters_are_summed_over_engines_and_differenced():
+    before = parse_counters((DATA / "vllm_metrics_before.txt").read_text())
+    after = parse_counters((DATA / "vllm_metrics_after.txt").read_text())
+    assert before == SpecCounters(500, 2000, 1140, {0: 440, 1: 350, 2: 220, 3: 130})
+    delta = after.minus(before)
+    assert delta == SpecCounters(10, 40, 22, {0: 9, 1: 7, 2: 4, 3: 2})
+    assert delta.row_fields() == {"accept_source": "vllm metrics", "proposed": 40, "accepted": 22, "drafts": 10,
+                                  "accepted_per_position": [9, 7, 4, 2]}
+    assert has_spec_counters((DATA / "vllm_metrics_after.txt").read_text())
+    assert not has_spec_counters("# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 1.0\n")
+
+
+def test_position_rates_are_conditional_on_the_earlier_positions():
+    assert position_rates(10, [9, 7, 4, 2]) == [0.9, 7 / 9, 4 / 7, 0.5]
+    summary = server_acceptance([
+        {"accept_source": "vllm metrics", "proposed": 40, "accepted": 22, "drafts": 10, "accepted_per_position": [9, 7, 4, 2]},
+        {"accept_source": None, "proposed": None, "accepted": None},  # a wave's other row: counted once
+    ])
+    assert summary["acceptance_rate"] == 22 / 40
+    assert summary["mean_accepted_length"] == (22 + 10) / 10
+    assert summary["position_acceptance"] == [0.9, 7 / 9, 4 / 7, 0.5]
+
+
+def test_a_metrics_text_that_is_not_prometheus_is_an_error():
+    with pytest.raises(SpecdecError, match="Prometheus"):
+        parse_counters('vllm:spec_decode_num_drafts_total{engine="0" 12\n')
+
+
+# --- one stream -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path, api", [("/v1/completions", "completions"), ("/v1/chat/completions", "chat")])
+def test_a_stream_yields_ids_from_vllm_logprobs(path, api):
+    with FakeServer() as server, httpx.Client() as client:
+        endpoint = parse_endpoint(f"v={server.url}{path}")
+        out = complete(client, endpoint, "fake", Request(5, prompt_ids=[3, 4, 5], message="hello"))
+    expected = completion_ids([3, 4, 5] if api == "completions" else [ord(c) for c in "hello"], 5)
+    assert out.ids == expected
+    assert out.top[0] == [(expected[0], -0.1), (expected[0] + 1, -0.6)]
+    assert (out.n_tokens, out.decode_tokens, out.finish_reason) == (5, 4, "length")
+    assert out.ttft_s > 0 and out.decode_s > 0 and out.stamps == sorted(out.stamps)
+
+
+@pytest.mark.parametrize("mode, message", [
+    ("html", "did not stream server-sent events"), ("error", "reported an error mid-stream: 'out of memory"),
+    ("drop", "ended before the completion finished"), ("hang", "no reply from"),
+])
+def test_a_failing_stream_is_a_one_line_error(mode, message):
+    with FakeServer(mode, hang_s=3) as server, httpx.Client(timeout=httpx.Timeout(1.0)) as client:
+        with pytest.raises(SpecdecError, match=message) as info:
+            complete(client, parse_endpoint(f"v={server.url}"), "fake", Request(5, prompt_ids=[1, 2]))
+    assert "\n" not in str(info.value) and str(info.value).startswith("endpoint v:")
+
+
+def test_an_unreachable_server_is_a_one_line_error():
+    with httpx.Client() as client, pytest.raises(SpecdecError, match="cannot connect to .* is the server running"):
+        complete(client, parse_endpoint(f"v=http://127.0.0.1:{free_port()}"), "m", Request(3, prompt_ids=[1]))
+
+
+# --- check's comparison -----------------------------------------------------------------------
+
+
+def streamed(pieces: list[str], ids: list[int] | None, tops: list | None = None) -> Streamed:
+    out = Streamed(text="".join(pieces), stamps=[0.1] * len(pieces), chunk_tokens=[1] * len(pieces),
+                   chunk_texts=list(pieces))
+    if ids is None:
+        out.unnamed_chunks = len(pieces)
+    else:
+        out.token_ids, out.pieces, out.top = list(ids), list(pieces), tops or [[] for _ in ids]
+    return out
+
+
+def test_check_finds_the_first_difference_by_text_and_its_gap():
+    tops = [[(1, -0.1), (9, -3.0)], [(2, -0.70), (7, -0.72)], [(3, -0.2), (8, -0.9)]]
+    ref = streamed(["def", " f", "(x)"], [1, 2, 3], tops)
+    same = compare(0, ref, streamed(["def f", "(x)"], None), tolerance=0.1)
+    assert same.position is None and same.passed
+    tie = compare(1, ref, streamed(["def", " g", "(x)"], None), tolerance=0.1)
+    assert (tie.position, tie.reference_token, tie.candidate_text) == (1, " f", " g(x)")
+    assert tie.gap == pytest.approx(0.02) and tie.kind == "near-tie" and tie.passed
+    real = compare(2, ref, streamed(["def", " f", "[x]"], [1, 2, 5]), tolerance=0.1)
+    assert (real.position, real.kind, real.passed) == (2, "not a tie", False)
+    assert real.gap == pytest.approx(0.7)
+
+
+def test_check_aligns_by_chunks_where_each_chunk_is_one_token():
+    """Measured on llama.cpp: the plain server wrote "))", " ", " #" where the speculative one wrote
+    "))", " #"; by text the first difference would seem to be at " #" (whose first character the
+    candidate shares), by its chunks (one token each, as llama.cpp streams) it is at " "."""
+    tops = [[(1, -0.1), (2, -5.0)], [(3, -0.9), (4, -1.2)], [(5, -0.01), (6, -10.4)], [(7, -0.2), (8, -3.0)]]
+    ref = streamed(["))", " ", " #", " True"], [1, 3, 5, 7], tops)
+    got = streamed(["))", " #", " True"], None)
+    got.chunk_texts, got.usage_tokens = ["))", " #", " True"], 3
+    result = compare(0, ref, got, tolerance=0.1)
+    assert (result.position, result.reference_token, result.candidate_text) == (1, " ", " #")
+    assert result.gap == pytest.approx(0.3) and result.kind == "not a tie"
+
+
+def test_check_without_top_logprobs_cannot_call_a_difference_a_tie():
+    ref = streamed(["a", "b"], [1, 2], [[(1, -0.1)], [(2, -0.1)]])
+    result = compare(0, ref, streamed(["a", "c"], None), tolerance=0.1)
+    assert (result.position, result.gap, result.kind, result.passed) == (1, None, "gap unknown", False)
+
+
+# --- the export -------------------------------------------------------------------------------
+
+
+def test_export_writes_vllms_documented_keys():
+    advice = Advice.load(ADVICE)
+    assert advice.choice.method == "draft:k=2:quant=int8"
+    out = export(advice, "vllm", "/models/target", "/models/draft")
+    assert out.settings == {"method": "draft_model", "model": "/models/draft", "num_speculative_tokens": 2}
+    assert out.command == ("vllm serve /models/target --speculative-config "
+                           "'{\"method\": \"draft_model\", \"model\": \"/models/draft\", \"num_speculative_tokens\": 2}'")
+    assert any("quant=int8" in n for n in out.notes)
+    assert f"predicted {advice.choice.predicted_speedup:.2f}x" in out.reason and advice.proposers["draft:quant=int8"].reason in out.reason
+    lookup = export(_advised(advice, "lookup:k=4:ngram=3"), "vllm", "t", "d").settings
+    assert lookup == {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
+    plain = export(_advised(advice, "ar"), "vllm", "t", "d")
+    assert plain.settings is None and plain.command == "vllm serve t" and "does not pay" in plain.reason
+
+
+def test_export_writes_llamacpp_server_flags():
+    advice = _advised(Advice.load(ADVICE), "draft:k=4:conf=0.6")
+    out = export(advice, "llamacpp", "t.gguf", "d.gguf")
+    assert out.settings == ["--model-draft", "d.gguf", "--spec-type", "draft-simple", "--spec-draft-n-max", "4",
+                            "--spec-draft-n-min", "0", "--spec-draft-p-min", "0.6"]
+    assert out.command.startswith("llama-server -m t.gguf --model-draft d.gguf")
+
+
+def test_advise_exports_from_a_saved_record_without_measuring(capsys, tmp_path):
+    assert main(["advise", "--export", "vllm", "--from", str(ADVICE), "--json",
+                 "--target", str(tmp_path / "t"), "--draft", str(tmp_path / "d")]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["settings"]["num_speculative_tokens"] == 2 and "bench --endpoint" in printed["confirm"]
+    assert main(["advise", "--from", str(ADVICE)]) == 2
+    assert "--from FILE gives the advice for --export" in capsys.readouterr().err
+
+
+def _advised(advice: Advice, method: str) -> Advice:
+    from dataclasses import replace
+
+    from specdec.advice import Choice
+
+    return replace(advice, choice=Choice(method, 1.3))
+
+
+# --- bench against misbehaving servers --------------------------------------------------------
+
+
+@pytest.fixture
+def tiny_tokenizer(monkeypatch):
+    monkeypatch.setattr(models, "load_tokenizer", lambda name, trust_remote_code=False: word_tokenizer(64))
+
+
+def bench(out: Path, *endpoints: str, extra: tuple[str, ...] = ()) -> int:
+    args = ["bench", "--dataset", str(DATA / "prompts.jsonl"), "--target", "tiny", "--max-new-tokens", "6",
+            "--out", str(out), "--no-progress", *extra]
+    for e in endpoints:
+        args += ["--endpoint", e]
+    return main(args)
+
+
+@pytest.fixture
+def prompts_file():
+    path = DATA / "prompts.jsonl"
+    assert path.is_file()
+    return path
+
+
+def test_bench_endpoints_with_vllm_counters_and_concurrency(tmp_path, tiny_tokenizer, prompts_file):
+    with FakeServer() as plain, FakeServer() as spec:
+        assert bench(tmp_path / "run", f"plain={plain.url}", f"spec={spec.url}", extra=(
+            "--baseline", "plain", "--concurrency", "2")) == 0
+    rows = read_rows(tmp_path / "run")
+    assert [r["method"] for r in rows[:4]] == ["endpoint:name=plain"] * 2 + ["endpoint:name=spec"] * 2
+    tokenizer = word_tokenizer(64)
+    texts = {json.loads(line)["task_id"]: json.loads(line)["prompt"] for line in prompts_file.read_text().splitlines()}
+    assert all(r["new_tokens"] == completion_ids(tokenizer(texts[r["prompt_id"]])["input_ids"], 6) for r in rows)
+    waves = [r for r in rows if r["accept_source"]]
+    assert len(waves) == len(rows) // 2  # one counted row per wave of two
+    assert all(r["proposed"] == 2 * expected_counters(6)["draft_tokens"] for r in waves)
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    spec_summary = summary["overall"]["methods"]["endpoint:name=spec"]
+    assert spec_summary["greedy_equal"]["mismatches"] == 0 and spec_summary["speedup"] is not None
+    assert spec_summary["acceptance_rate"] == pytest.approx(4 / 9)  # (3 + 1) accepted of 9 per 3 drafts
+    config = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert config["baseline"] == "endpoint:name=plain" and config["concurrency"] == 2
+    assert config["endpoints"]["spec"] == {"api": "completions", "model": "fake", "vllm_metrics": True}
+    assert config["environment"]["endpoint_urls"]["spec"] == f"{spec.url}/v1/completions"
+
+
+def test_bench_explains_a_difference_between_servers_by_the_baselines_gap(tmp_path, tiny_tokenizer, prompts_file):
+    with FakeServer() as plain, FakeServer(part_at=2) as other:
+        assert bench(tmp_path / "run", f"plain={plain.url}", f"other={other.url}", extra=("--baseline", "plain")) == 0
+    equal = json.loads((tmp_path / "run" / "summary.json").read_text())["overall"]["methods"]["endpoint:name=other"][
+        "greedy_equal"]
+    assert equal["mismatches"] == 4 and len(equal["differences"]) == 4
+    for d in equal["differences"]:  # the fake's runner-up is 0.5 below its choice: not a tie at 0.1
+        assert (d["position"], d["kind"]) == (2, "not a tie") and d["gap"] == pytest.approx(0.5)
+    assert "token 2, gap 0.5, not a tie" in (tmp_path / "run" / "report.md").read_text()
+
+
+def test_a_server_failing_mid_run_keeps_the_rows_and_resume_continues(tmp_path, tiny_tokenizer, prompts_file, capsys):
+    # warm-up + 2 prompts succeed, then an error mid-stream
+    with FakeServer("error", fail_after=3) as server:
+        assert bench(tmp_path / "run", f"s={server.url}") == 2
+    err = next(line for line in capsys.readouterr().err.splitlines() if line.startswith("specdec: error:"))
+    assert "reported an error mid-stream" in err and "2 finished rows kept" in err and "--resume" in err
+    assert len(read_rows(tmp_path / "run")) == 2
+    with FakeServer() as server:  # restarted on another port: the same endpoint by name and model
+        assert bench(tmp_path / "run", f"s={server.url}", extra=("--resume",)) == 0
+    rows = read_rows(tmp_path / "run")
+    assert [r["prompt_id"] for r in rows] == ["1", "2", "3", "4"]
+
+
+@pytest.mark.parametrize("mode, message", [("html", "not answer as an OpenAI-compatible server"),
+                                           ("down", "cannot connect")])
+def test_bench_refuses_a_server_that_is_down_or_not_openai_before_any_row(tmp_path, tiny_tokenizer, prompts_file,
+                                                                           capsys, mode, message):
+    if mode == "down":
+        assert bench(tmp_path / "run", f"s=http://127.0.0.1:{free_port()}") == 2
+    else:
+        with FakeServer(mode) as server:
+            assert bench(tmp_path / "run", f"s={server.url}") == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("extra, message", [
+    (("--baseline", "x"), "not one of the endpoints"), (("--temperature", "0.7"), "measured greedy"),
+    (("--methods", "ar", "--concurrency", "2"), "--concurrency runs endpoints only"),
+])
+def test_bench_endpoint_arguments_are_checked(tmp_path, tiny_tokenizer, prompts_file, capsys, extra, message):
+    assert bench(tmp_path / "run", "s=http://127.0.0.1:9", extra=extra) == 2
+    assert message in capsys.readouterr().err
