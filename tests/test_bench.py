@@ -484,8 +484,11 @@ def test_bench_cli_on_smollm2(tmp_path):
     assert len(rows) == 6 and all(r["n_new"] >= 1 for r in rows)
     summary = json.loads((out / "summary.json").read_text())
     assert summary["config"]["draft"] is None  # no method needs one, so none was loaded
-    for label in ("lookup:k=4:ngram=3", "hf-ar"):
-        assert summary["overall"]["methods"][label]["greedy_equal"]["mismatches"] == 0
+    methods = summary["overall"]["methods"]
+    assert methods["lookup:k=4:ngram=3"]["greedy_equal"]["mismatches"] == 0  # specdec vs specdec: bit for bit
+    # Against transformers' generate (other kernels; bf16 where --dtype auto resolves to it) a
+    # difference may only sit at a (near-)tie of the target, explained in differences.json.
+    assert methods["ar"]["hf_agreement"]["unexplained"] == 0, methods["ar"]["hf_agreement"]
     assert (out / "report.md").is_file() and (out / "speedup.png").is_file()
 
 
