@@ -95,10 +95,24 @@ def environment(device: str, dtype: str, methods: Iterable[str] = (), quant: dic
         "dtype": dtype,
         "torch": torch.__version__,
         "transformers": transformers.__version__,
-        **({"llama_cpp": _version("llama_cpp_python")} if any(m.startswith("llamacpp") for m in methods) else {}),
+        **({"llama_cpp": llama_cpp_build()} if any(m.startswith("llamacpp") for m in methods) else {}),
         "quant": quant or {"target": "none"},
         "methods": methods,
     }
+
+
+def llama_cpp_build() -> dict:
+    """llama-cpp-python's version and the CPU features its llama.cpp was compiled for: the set-up
+    builds for x86-64-v3 (AVX2) so that a cached wheel runs on any runner, and a build for this
+    CPU's own set (AVX-512 here and there) decodes at another speed."""
+    try:
+        import llama_cpp
+    except ImportError:
+        return {"version": None, "cpu_features": None}
+    features = llama_cpp.llama_print_system_info().decode(errors="replace")
+    # "CPU : SSE3 = 1 | AVX2 = 1 | ..." -> the names set to 1
+    names = [part.split("=")[0].split(":")[-1].strip() for part in features.split("|") if part.strip().endswith("= 1")]
+    return {"version": _version("llama_cpp_python"), "cpu_features": sorted(names)}
 
 
 def load_average() -> list[float]:
