@@ -1,8 +1,9 @@
 """Kernel facts behind specdec's forward (docs/forward.md), on this machine: for each linear
-kernel and dtype, (1) which block sizes keep a row's bits (the row alone vs the same row in
-blocks of 2..17 rows, bitwise) and (2) the time of one pass over the 28 layers' linear weights
+kernel and dtype, (1) what specdec's probe finds for each layer shape (min_rows: whether a row
+alone and the same row in blocks of 2..17 agree bitwise, over >= 2^20 outputs) and (2) the time of one pass over the 28 layers' linear weights
 of the registry target (Qwen2.5-Coder-1.5B shapes, distinct random tensors, so every pass streams
-them from memory) at 1..8 rows, with the read rate that implies.
+them from memory) at 1..8 rows, with the read rate that implies; specdec's layers pad a block
+below min_rows, as in generation.
 
     .venv/bin/python scripts/kernel_facts.py --out docs/forward/kernels-<machine>.json
 
@@ -23,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
-from specdec.forward.linear import Int4Linear, Int8Linear, PackedLinear, onednn_packs  # noqa: E402
+from specdec.forward.linear import Int4Linear, Int8Linear, PackedLinear, onednn_packs, probe_min_rows  # noqa: E402
 from specdec.machine import environment  # noqa: E402
 from specdec.quant.weights import int4_rtn, int8_rtn  # noqa: E402
 
@@ -55,12 +56,17 @@ def build(kind: str, linear: torch.nn.Linear, dtype: torch.dtype) -> torch.nn.Mo
     return Int4Linear(int4_rtn(linear.weight, 32), None, dtype)
 
 
-def invariant_blocks(layer: torch.nn.Module, dtype: torch.dtype) -> list[int]:
-    """Block sizes whose every row equals that row computed alone, bitwise."""
-    gen = torch.Generator().manual_seed(0)
-    x = torch.randn(17, layer.in_features, generator=gen).to(dtype)
-    alone = torch.cat([layer(x[i:i + 1]) for i in range(17)])
-    return [m for m in range(2, 18) if torch.equal(layer(x[:m]), alone[:m])]
+def min_rows_by_shape(layers: list[torch.nn.Module], dtype: torch.dtype) -> dict[str, int | None]:
+    """specdec's probe (forward.linear.probe_min_rows, >= 2^20 outputs) on each distinct shape's
+    raw kernel, unpadded: 1 = a row alone and in any block of 2..17 agree bitwise, 2 = only a lone
+    row differs, 17 = only a fixed block of 17 agrees, None = nothing agrees."""
+    found = {}
+    for layer in layers[:len(SHAPES)]:
+        shape = f"{layer.in_features}x{layer.out_features}"
+        if shape not in found:
+            found[shape] = probe_min_rows(getattr(layer, "_compute", layer), layer.in_features, dtype,
+                                          torch.device("cpu"))
+    return found
 
 
 def pass_ms(layers: list[torch.nn.Module], rows: int, dtype: torch.dtype, repeats: int = 5) -> float:
@@ -89,25 +95,19 @@ def main() -> None:
         for kind in args.kernels.split(","):
             layers = [build(kind, torch.nn.Linear(i, o, bias=False), dtype) for _ in range(LAYERS) for i, o in SHAPES]
             gb = sum(layer.weight_bytes() for layer in layers) / 1e9
-            blocks = invariant_blocks(layers[4], dtype)  # gate projection, 1536 -> 8960
+            min_rows = min_rows_by_shape(layers, dtype)
             timing = {m: pass_ms(layers, m, dtype) for m in ROWS}
             facts["kernels"][f"{kind}/{name}"] = {
-                "weight_gb": gb, "blocks_equal_to_row_alone": blocks,
+                "weight_gb": gb, "min_rows": min_rows,
                 "pass_ms": timing, "read_gb_per_s": {m: gb / (t / 1e3) for m, t in timing.items()},
             }
-            print(f"{kind:>8} {name:<9} {gb:5.2f} GB  row alone == rows in blocks {_ranges(blocks)}  "
+            print(f"{kind:>8} {name:<9} {gb:5.2f} GB  min_rows {min_rows}  "
                   + "  ".join(f"M={m} {t:.0f} ms" for m, t in timing.items()), flush=True)
             del layers
     args.out.parent.mkdir(parents=True, exist_ok=True)
     tmp = args.out.with_suffix(".tmp")
     tmp.write_text(json.dumps(facts, indent=1))
     tmp.replace(args.out)
-
-
-def _ranges(blocks: list[int]) -> str:
-    if not blocks:
-        return "none"
-    return f"{blocks[0]}..{blocks[-1]}" if blocks == list(range(blocks[0], blocks[-1] + 1)) else str(blocks)
 
 
 if __name__ == "__main__":
