@@ -37,7 +37,7 @@ ROWS = (1, 2, 3, 4, 6, 8)
 class Plain(torch.nn.Module):
     def __init__(self, linear: torch.nn.Linear):
         super().__init__()
-        self.weight, self.in_features = linear.weight, linear.in_features
+        self.weight, self.in_features, self.out_features = linear.weight, linear.in_features, linear.out_features
 
     def forward(self, x):
         return F.linear(x, self.weight)
