@@ -5,8 +5,9 @@ A GEMM library picks its kernel by the number of rows: bf16 oneDNN rounds a 1-ro
 differently from a block (AVX-512 BF16 machines), MKL's float32 GEMM rounds blocks of 2-3 rows
 differently from 4+ (and is 2-3x slower on AMD CPUs), so a token decoded alone and the same token
 verified in a block of k+1 would get different logits. Measured (docs/forward.md): oneDNN's
-prepacked float32 kernel keeps a row's bits in any block of 1..17 rows and reads the weights
-near the memory bandwidth; bf16 `F.linear` without native bf16 keeps them too.
+prepacked float32 kernel keeps a row's bits in any block of 2..17 rows and reads the weights
+near the memory bandwidth; on an AVX-512 CPU its lone row (float32 and bf16) differs in a few
+outputs per 10^4, so 1-row inputs are padded there.
 
 Which blocks agree is a property of the kernel on this machine, so each layer shape is probed
 once when a model is packed (`min_rows`): if a 1-row input rounds differently, every 1-row input
