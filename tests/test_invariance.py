@@ -81,7 +81,6 @@ def test_the_probe_finds_a_kernel_that_rounds_by_block_size():
     assert torch.equal(padded(torch.ones(1, 16)), by_one(torch.ones(2, 16))[:1])
 
 
-
 def test_the_probe_finds_a_kernel_that_rounds_a_lone_row_differently_in_one_output_of_ten_thousand():
     """As oneDNN's bf16 kernels do on an AVX-512 BF16 CPU: their 1-row path accumulates in another
     order, which changes an output only where its exact value lies near a rounding boundary
@@ -104,6 +103,7 @@ def test_the_probe_finds_a_kernel_that_rounds_a_lone_row_differently_in_one_outp
     assert all(torch.equal(rarely_alone(x[i : i + 1]), exact(x)[i : i + 1]) for i in range(4))  # rare indeed
     assert probe_min_rows(exact, 64, torch.float32, cpu) == 1
     assert probe_min_rows(rarely_alone, 64, torch.float32, cpu) == 2
+
 
 @given(dtype=dtypes, kv_heads=st.sampled_from([1, 2]), group=st.sampled_from([1, 3]), dim=st.sampled_from([8, 16]),
        context=st.integers(1, 80), rows=st.integers(1, 9), data=st.data())

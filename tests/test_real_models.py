@@ -51,7 +51,6 @@ def test_qwen_pair_speculation_equals_plain(qwen, task):
             assert out.stats.accepted > 0  # a real draft agrees with its target sometimes
 
 
-
 def test_qwen_target_logits_are_the_same_alone_and_in_any_block(qwen):
     """The property behind the equality, on the real weights and a real context: each of six
     tokens decoded alone gets the logits it gets as row i of a block of 2..6 rows, bitwise. On an
@@ -71,6 +70,7 @@ def test_qwen_target_logits_are_the_same_alone_and_in_any_block(qwen):
         lm.cache.trim(base)
         rows = torch.cat([lm.forward(tokens[i : i + size]) for i in range(0, len(tokens), size)])
         assert torch.equal(rows, alone), f"{target.dtype}: blocks of {size} rows differ from the rows alone"
+
 
 def test_qwen_pair_shares_vocab_and_smollm2_does_not(qwen):
     target, target_tok, _ = qwen
