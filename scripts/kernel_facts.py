@@ -8,8 +8,8 @@ below min_rows, as in generation.
     .venv/bin/python scripts/kernel_facts.py --out docs/forward/kernels-<machine>.json
 
 Kernels: torch's F.linear (MKL for float32, oneDNN for bf16/fp16), specdec's PackedLinear
-(oneDNN prepacked where the CPU runs the dtype, else F.linear), Int8Linear and Int4Linear
-(torch's weight-only int8/int4 kernels, specdec.quant). Takes 5-10 minutes on 2 cores."""
+(oneDNN prepacked where the CPU runs the dtype, else F.linear), QuantLinear
+Q8 and Q4 (specdec's int8-activation kernels, specdec.kernels). Takes 5-10 minutes on 2 cores."""
 
 from __future__ import annotations
 
@@ -24,9 +24,9 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
-from specdec.forward.linear import Int4Linear, Int8Linear, PackedLinear, onednn_packs, probe_min_rows  # noqa: E402
+from specdec.forward.linear import PackedLinear, QuantLinear, onednn_packs, probe_min_rows  # noqa: E402
 from specdec.machine import environment  # noqa: E402
-from specdec.quant.weights import int4_rtn, int8_rtn  # noqa: E402
+from specdec.quant.weights import q4_rtn, q8_rtn  # noqa: E402
 
 # (in, out) of one Qwen2.5-1.5B layer: q, k, v, o, gate, up, down.
 SHAPES = [(1536, 1536), (1536, 256), (1536, 256), (1536, 1536), (1536, 8960), (1536, 8960), (8960, 1536)]
@@ -52,8 +52,8 @@ def build(kind: str, linear: torch.nn.Linear, dtype: torch.dtype) -> torch.nn.Mo
     if kind == "packed":
         return PackedLinear(linear.to(dtype))
     if kind == "int8":
-        return Int8Linear(int8_rtn(linear.weight), None, dtype)
-    return Int4Linear(int4_rtn(linear.weight, 32), None, dtype)
+        return QuantLinear(q8_rtn(linear.weight.detach()), None, dtype)
+    return QuantLinear(q4_rtn(linear.weight.detach(), 32), None, dtype)
 
 
 def min_rows_by_shape(layers: list[torch.nn.Module], dtype: torch.dtype) -> dict[str, int | None]:

@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 
 from specdec import DraftModel, PromptLookup, TreeDraft, generate
 from specdec.forward import attention, block_invariant, prepare
-from specdec.forward.linear import BlockLinear, Int4Linear, Int8Linear, PackedLinear, probe_min_rows
-from specdec.quant.weights import int4_rtn, int8_rtn
+from specdec.forward.linear import BlockLinear, PackedLinear, QuantLinear, probe_min_rows
+from specdec.quant.weights import q4_rtn, q8_rtn
 from specdec.lm import CausalLM
 
 from conftest import perturbed, tiny_model
@@ -34,21 +34,19 @@ def make_layer(kind: str, in_features: int, out_features: int, bias: bool, dtype
     dense = torch.nn.Linear(in_features, out_features, bias=bias, device=DEVICE)
     if kind == "dense":
         return PackedLinear(dense.to(dtype))
-    if kind == "int8":
-        return Int8Linear(int8_rtn(dense.weight), dense.bias, dtype)
-    return Int4Linear(int4_rtn(dense.weight, 32), dense.bias, dtype)
+    weight = dense.weight.detach()
+    return QuantLinear(q8_rtn(weight) if kind == "int8" else q4_rtn(weight, 32), dense.bias, dtype)
 
 
 @given(dtype=dtypes, kind=st.sampled_from(["dense", "int8", "int4"]), in_groups=st.integers(1, 3),
        out_features=st.integers(1, 96), bias=st.booleans(), rows=st.integers(1, 17), data=st.data())
 def test_linear_row_is_the_same_alone_and_in_any_block(dtype, kind, in_groups, out_features, bias, rows, data):
-    in_features = {"int4": 32 * in_groups, "int8": 16 * data.draw(st.integers(1, 6))}.get(kind) \
-        or data.draw(st.integers(1, 96))
-    if kind == "int4":  # the int4 kernel takes rows of whole groups and outputs in 16s
+    in_features = 32 * in_groups if kind != "dense" else data.draw(st.integers(1, 96))
+    if kind != "dense":  # the quantized kernels take rows of whole blocks of 32 and outputs in 16s
         out_features = 16 * -(-out_features // 16)
     torch.manual_seed(in_features * 97 + out_features)
     if kind != "dense" and DEVICE.type != "cpu":
-        return  # the weight-only int kernels are CPU ones
+        return  # the quantized kernels are CPU ones
     layer = make_layer(kind, in_features, out_features, bias, dtype)
     block = torch.randn(rows, in_features).to(dtype=dtype, device=DEVICE)
     at = data.draw(st.integers(0, rows - 1))
@@ -86,6 +84,7 @@ def test_the_probe_finds_a_kernel_that_rounds_a_lone_row_differently_in_one_outp
     order, which changes an output only where its exact value lies near a rounding boundary
     (measured: 1-5 in 10^4 outputs). A probe of one row passed such layers; the real target then
     decoded differently alone than in a verify block."""
+    torch.manual_seed(0)  # unseeded, 1 run in 10 picked an output of the 4 rows checked below
     weight = torch.randn(256, 64)
 
     def exact(rows):  # each output one reduction of its own: the same bits in any block

@@ -26,7 +26,8 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import SpecdecError
-from ..quant.weights import Int4Weight, Int8Weight
+from .. import kernels
+from ..quant.weights import Q4Weight, Q8Weight, fits
 
 
 # Blocks the probe compares: every size a verify block of k <= 16 guesses takes.
@@ -132,75 +133,58 @@ class PackedLinear(BlockLinear):
         return twin
 
 
-class Int4Linear(BlockLinear):
-    """Weight-only int4: codes in groups with a scale and a zero each
-    (`torch.ops.aten._weight_int4pack_mm_for_cpu`; activations, scales and output in `dtype`)."""
+class QuantLinear(BlockLinear):
+    """A Q4 or Q8 layer (quant.weights) on specdec's kernels: activations quantized to int8 per
+    row in blocks of 32, integer dot products, float32 sums in a fixed order (specdec.kernels),
+    so a row's bits never depend on its block; activations read and outputs written in `dtype`
+    (float32 or bfloat16; others go through float32)."""
 
-    def __init__(self, weight: Int4Weight, bias: torch.Tensor | None, dtype: torch.dtype):
+    def __init__(self, weight: Q4Weight | Q8Weight, bias: torch.Tensor | None, dtype: torch.dtype):
         out_features, in_features = weight.codes.shape
-        if not fits_int4(in_features, out_features, weight.group):
-            raise SpecdecError(f"an int4 layer needs outputs in multiples of 16 and inputs in whole groups "
-                               f"of {weight.group}; this one is {in_features} -> {out_features}")
-        super().__init__(in_features, out_features, dtype, bias, f"int4 g{weight.group}")
-        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(weight.codes.to(torch.int32), 1)
-        self.register_buffer("packed", packed, persistent=False)
-        # [in / group, out, 2]: the kernel's layout of the (scale, zero) pairs
-        pairs = torch.stack([weight.scales, weight.zeros], dim=-1).transpose(0, 1).contiguous().to(dtype)
-        self.register_buffer("scales_zeros", pairs, persistent=False)
-        self.group = weight.group
-        self._probe(packed.device)
+        if not fits(in_features, out_features):
+            raise SpecdecError(f"a quantized layer needs outputs in multiples of 16 and inputs in multiples "
+                               f"of 32; this one is {in_features} -> {out_features}")
+        bits = 4 if isinstance(weight, Q4Weight) else 8
+        super().__init__(in_features, out_features, dtype, None, f"q{bits} int8-activation")
+        self.weight = kernels.pack(weight)
+        self.register_buffer("bias", None if bias is None else bias.detach().float(), persistent=False)
+        self._probe(torch.device("cpu"))
 
     def _compute(self, rows: torch.Tensor) -> torch.Tensor:
-        out = torch.ops.aten._weight_int4pack_mm_for_cpu(rows, self.packed, self.group, self.scales_zeros)
-        return out if self.bias is None else out + self.bias
+        return kernels.linear(rows, self.weight, self.bias, self.out_dtype or self.dtype)
 
     def weight_bytes(self) -> int:
-        return self.packed.numel() + self.scales_zeros.numel() * self.scales_zeros.element_size() + self._bias_bytes()
+        return self.weight.nbytes() + self._bias_bytes()
 
 
-def fits_int4(in_features: int, out_features: int, group: int) -> bool:
-    """Whether the int4 kernel takes a layer of this shape."""
-    return out_features % 16 == 0 and in_features % group == 0
+class SharedInputPart(torch.nn.Module):
+    """One of several layers fed the same input (q/k/v, gate/up), computed as its slice of one
+    QuantLinear over their weights stacked: one kernel call and one quantization of the input
+    instead of several, and the same bits as the layer alone (the kernels compute each output on
+    its own). The first part owns the shared layer (so it is counted once); the result is kept
+    until every part has read it, or a different input comes."""
 
+    def __init__(self, shared: QuantLinear, start: int, stop: int, owner: bool, parts: int):
+        super().__init__()
+        if owner:
+            self.shared = shared
+        else:
+            object.__setattr__(self, "shared", shared)  # not a submodule: its owner part holds it
+        self.start, self.stop, self.parts = start, stop, parts
+        self.in_features, self.out_features = shared.in_features, stop - start
 
-def fits_int8(in_features: int) -> bool:
-    """Whether the int8 kernel takes a layer of this shape: rows of whole 32-byte bf16 vectors
-    (see Int8Linear; a row of 8 or 24 inputs starts the next row off that alignment)."""
-    return in_features % 16 == 0
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shared = self.shared
+        if getattr(shared, "input", None) is not x:
+            shared.input, shared.output, shared.unread = x, shared(x), self.parts
+        out = shared.output[..., self.start : self.stop]
+        shared.unread -= 1
+        if shared.unread == 0:
+            shared.input = shared.output = None
+        return out
 
-
-# torch 2.13's bf16 int8 kernel on AVX-512 uses aligned vector loads: it crashed (segmentation
-# fault, AMD Zen 5) on activations not 32-byte aligned and, from 4 rows on, on codes not 16-byte
-# aligned, which is where a safetensors file's tensors land when loaded (after its header).
-# Torch's CPU allocator aligns to 64 bytes, so a copy is always safe.
-_ALIGN = 64
-
-
-def aligned(tensor: torch.Tensor) -> torch.Tensor:
-    """`tensor`, contiguous and starting on a 64-byte boundary (a copy only where it does not)."""
-    tensor = tensor.contiguous()
-    return tensor if tensor.data_ptr() % _ALIGN == 0 else tensor.clone()
-
-
-class Int8Linear(BlockLinear):
-    """Weight-only int8 with one scale per output row (`torch.ops.aten._weight_int8pack_mm`);
-    codes and activation rows are kept aligned (see _ALIGN)."""
-
-    def __init__(self, weight: Int8Weight, bias: torch.Tensor | None, dtype: torch.dtype):
-        out_features, in_features = weight.codes.shape
-        if not fits_int8(in_features):
-            raise SpecdecError(f"an int8 layer needs inputs in multiples of 16; this one has {in_features}")
-        super().__init__(in_features, out_features, dtype, bias, "int8")
-        self.register_buffer("codes", aligned(weight.codes), persistent=False)
-        self.register_buffer("scales", aligned(weight.scales.to(dtype)), persistent=False)
-        self._probe(weight.codes.device)
-
-    def _compute(self, rows: torch.Tensor) -> torch.Tensor:
-        out = torch.ops.aten._weight_int8pack_mm(aligned(rows), self.codes, self.scales)
-        return out if self.bias is None else out + self.bias
-
-    def weight_bytes(self) -> int:
-        return self.codes.numel() + self.scales.numel() * self.scales.element_size() + self._bias_bytes()
+    def extra_repr(self) -> str:
+        return f"outputs {self.start}:{self.stop} of a shared {self.shared.kernel} layer"
 
 
 # probe_min_rows's finding per (packed, in, out, dtype, device, bias): one probe per layer shape.

@@ -1,7 +1,7 @@
 """Quantized models, converted once into the model cache.
 
-A registry model is quantized from its own GGUF file (quant.model: Q4_K / Q4_1 blocks kept
-exactly as int4 groups of 32, other types rounded to int8 per row), which takes minutes for the
+A registry model is quantized from its own GGUF file (quant.model: Q4_K and Q6_K blocks kept
+exactly, other types rounded), which takes minutes for the
 1.5B target (about 230 s on 2 cores), so the result is saved once as
 `<cache>/<name>-int4-g32/` or `<cache>/<name>-int8/` (`weights.safetensors` and a marker) and
 later loads install it in seconds. The folder is written under a temporary name and renamed
@@ -33,11 +33,10 @@ from ..registry import (COMPLETE_MARKER, REGISTRY, ModelSpec, _ensure_writable, 
 from . import MODES
 from .model import FORMAT, Quantized, install, load, quantize_weights, save
 from ..forward import PREPARED_FIX, is_prepared
-from ..forward.linear import fits_int8
-from .weights import INT4_GROUPS, int8_rtn
+from .weights import INT4_GROUPS, fits, q8_rtn
 
 WEIGHTS = "weights.safetensors"
-GGUF_GROUP = 32  # Q4_K and Q4_1 blocks are groups of 32
+GGUF_GROUP = 32  # Q4_K blocks are groups of 32
 
 
 def check_options(mode: str, group: int, device: str = "cpu", source: str | None = None) -> None:
@@ -145,7 +144,7 @@ def is_complete(folder: Path, key: dict) -> bool:
 def _fitted(model: PreTrainedModel, weights: Quantized) -> Quantized:
     """`weights` for the layers of `model` they fit; a plain linear layer whose shape differs
     from its cached weight (a draft's output layer cut to frequent ids) is rounded to int8 from
-    its own weight instead."""
+    its own weight instead (Q8)."""
     out: Quantized = {}
     for name, layer in model.named_modules():
         if type(layer) is not torch.nn.Linear or name not in weights:
@@ -153,6 +152,6 @@ def _fitted(model: PreTrainedModel, weights: Quantized) -> Quantized:
         weight = weights[name]
         if tuple(weight.codes.shape) == tuple(layer.weight.shape):
             out[name] = weight
-        elif fits_int8(layer.in_features):
-            out[name] = int8_rtn(layer.weight.detach())
+        elif fits(layer.in_features, layer.out_features):
+            out[name] = q8_rtn(layer.weight.detach())
     return out

@@ -1,5 +1,6 @@
 """A GGUF file's linear weights by the Hugging Face module they belong to: Q4_K and Q4_1 tensors
-as exact int4 groups, every other type dequantized exactly to float32 (for int8 rounding).
+as exact Q4 weights, Q6_K as exact Q8 ones, every other type dequantized exactly to float32 (for
+rounding).
 
 Names follow llama.cpp's convention for the Qwen2/Llama family (blk.N.attn_q ...); each decoded
 tensor is checked against the same weight in the dense model that transformers dequantized from
@@ -8,6 +9,7 @@ this file, so a wrong name or layout fails at conversion, not in a wrong answer 
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,15 +19,18 @@ import torch
 from gguf import GGMLQuantizationType, GGUFReader, quants
 
 from ..errors import SpecdecError
-from .weights import Int4Weight, q41_to_int4, q4k_to_int4
+from .weights import Q4Weight, Q8Weight, q41_split, q4k_split, q6k_split
 
 _LAYER = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
           "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
           "ffn_down": "mlp.down_proj"}
 
 
-# GGUF block types whose codes, scales and mins are int4 groups of 32 as they are (quant.weights)
-_EXACT_INT4 = {GGMLQuantizationType.Q4_K: q4k_to_int4, GGMLQuantizationType.Q4_1: q41_to_int4}
+# GGUF block types that are specdec's Q4 or Q8 weights as they are (quant.weights)
+_EXACT = {GGMLQuantizationType.Q4_K: q4k_split, GGMLQuantizationType.Q4_1: q41_split,
+          GGMLQuantizationType.Q6_K: q6k_split}
+
+Decoded = Q4Weight | Q8Weight | torch.Tensor
 
 
 def hf_name(gguf_name: str) -> str | None:
@@ -38,9 +43,9 @@ def hf_name(gguf_name: str) -> str | None:
     return None
 
 
-def linear_weights(path: Path) -> Iterator[tuple[str, str, Int4Weight | torch.Tensor]]:
-    """(module name, GGUF type name, weight) for every linear weight in the file: an Int4Weight
-    for Q4_K and Q4_1, else the float32 tensor [out, in] the blocks stand for."""
+def linear_weights(path: Path) -> Iterator[tuple[str, str, Decoded]]:
+    """(module name, GGUF type name, weight) for every linear weight in the file: a Q4Weight for
+    Q4_K and Q4_1, a Q8Weight for Q6_K, else the float32 tensor [out, in] the blocks stand for."""
     reader = GGUFReader(str(path))
     for tensor in reader.tensors:
         name = hf_name(tensor.name)
@@ -48,15 +53,14 @@ def linear_weights(path: Path) -> Iterator[tuple[str, str, Int4Weight | torch.Te
             continue
         shape = tuple(int(n) for n in reversed(tensor.shape.tolist()))  # GGUF lists dims inner first
         kind = tensor.tensor_type
-        if kind in _EXACT_INT4:
-            yield name, kind.name, _EXACT_INT4[kind](tensor.data, shape)
+        if kind in _EXACT:
+            yield name, kind.name, _EXACT[kind](tensor.data, shape)
         else:
             dense = np.asarray(quants.dequantize(tensor.data, kind), dtype=np.float32).reshape(shape)
             yield name, kind.name, torch.from_numpy(dense)
 
 
-def matching(name: str, weight: Int4Weight | torch.Tensor, dense: torch.Tensor, heads: int | None
-             ) -> Int4Weight | torch.Tensor:
+def matching(name: str, weight: Decoded, dense: torch.Tensor, heads: int | None) -> Decoded:
     """The decoded weight in the row order of `dense`, the weight transformers dequantized from
     the same file (specdec's cache stores it in bfloat16). llama.cpp stores a Llama model's q and
     k rows interleaved for its rotary layout (`heads`: that projection's head count), which
@@ -64,7 +68,7 @@ def matching(name: str, weight: Int4Weight | torch.Tensor, dense: torch.Tensor, 
     for candidate in (weight, _rows_unpermuted(weight, heads) if heads else None):
         if candidate is None:
             continue
-        decoded = candidate.dequantize() if isinstance(candidate, Int4Weight) else candidate
+        decoded = candidate if isinstance(candidate, torch.Tensor) else candidate.dequantize()
         if decoded.shape == dense.shape and torch.equal(decoded.bfloat16(), dense.bfloat16()):
             return candidate
     raise SpecdecError(
@@ -74,13 +78,14 @@ def matching(name: str, weight: Int4Weight | torch.Tensor, dense: torch.Tensor, 
         )
 
 
-def _rows_unpermuted(weight: Int4Weight | torch.Tensor, heads: int) -> Int4Weight | torch.Tensor:
+def _rows_unpermuted(weight: Decoded, heads: int) -> Decoded:
     """Undo llama.cpp's per-head interleave of rotary rows (rows [h, d/2, 2] -> [h, 2, d/2]), as
     transformers' GGUF loader does."""
     def fix(t: torch.Tensor) -> torch.Tensor:
         rows = t.shape[0]
         return t.reshape(heads, rows // heads // 2, 2, *t.shape[1:]).transpose(1, 2).reshape(t.shape)
 
-    if isinstance(weight, Int4Weight):
-        return Int4Weight(fix(weight.codes), fix(weight.scales), fix(weight.zeros), weight.group)
-    return fix(weight)
+    if isinstance(weight, torch.Tensor):
+        return fix(weight)
+    return dataclasses.replace(weight, **{f.name: fix(getattr(weight, f.name)) for f in dataclasses.fields(weight)
+                                         if isinstance(getattr(weight, f.name), torch.Tensor)})

@@ -1,10 +1,14 @@
-"""A model's linear layers as weight-only int8 or int4 (specdec.forward.linear's kernels).
+"""A model's linear layers as Q4 ("int4") or Q8 ("int8") weights on specdec's kernels
+(quant.weights, specdec.kernels).
 
-From a GGUF file, Q4_K and Q4_1 tensors keep their own 4-bit codes, scales and mins (exact); tensors of
-other types (Q6_K, Q8_0, Q5_0 ...) are dequantized exactly and rounded to int8 per row, because
-4 bits would lose what their extra bits hold (docs/quantized.md measures the choice). From dense
-weights (a Hugging Face folder) every layer is rounded: int4 per group, int8 per row. A layer
-whose shape a kernel cannot take stays dense. The output layer computes in float32 (logits).
+From a GGUF file, Q4_K, Q4_1 and Q6_K tensors keep their own codes and scales exactly (Q4_K and
+Q4_1 as Q4 for int4, Q6_K as Q8 in either mode: 4 bits would lose what its extra bits hold,
+docs/quant.md); a tensor of another type is rounded to what the mode asks, Q4 for int4 (the
+Q5_0 / Q8_0 layers llama.cpp gives shapes Q4_K cannot take, as the 0.5B draft's 896-wide ones)
+and Q8 for int8. A layer with no tensor of its own in the file (a tied output layer) is rounded
+to Q8. From dense weights (a Hugging Face folder) every layer is rounded: Q4 per group for
+int4, Q8 for int8. A layer whose shape the kernels cannot take stays dense. The output layer
+computes in float32 (logits).
 """
 
 from __future__ import annotations
@@ -18,16 +22,16 @@ from safetensors.torch import load_file, save_file
 from transformers import PreTrainedModel
 
 from ..errors import SpecdecError
-from ..forward.linear import Int4Linear, Int8Linear, fits_int4, fits_int8
+from ..forward.linear import QuantLinear, SharedInputPart
 from . import MODES
-from .gguf_source import linear_weights, matching
-from .weights import INT4_GROUPS, Int4Weight, Int8Weight, int4_rtn, int8_rtn
+from .gguf_source import Decoded, linear_weights, matching
+from .weights import INT4_GROUPS, Q4Weight, Q8Weight, fits, q4_rtn, q8_rtn, stacked
 
 # The attribute a quantized model carries: what it was quantized to and from.
 QUANTIZED = "specdec_quantized"
-FORMAT = 1  # version of the saved layout below
+FORMAT = 2  # version of the saved layout below (1: torch's int4/int8 kernel layouts)
 
-Quantized = dict[str, Int4Weight | Int8Weight]
+Quantized = dict[str, Q4Weight | Q8Weight]
 
 
 def quantize_weights(model: PreTrainedModel, mode: str, gguf: Path | None = None, group: int = 32) -> Quantized:
@@ -38,7 +42,7 @@ def quantize_weights(model: PreTrainedModel, mode: str, gguf: Path | None = None
     if group not in INT4_GROUPS:
         raise SpecdecError(f"the int4 group size must be one of {INT4_GROUPS}, got {group}")
     layers = {name: m for name, m in model.named_modules() if type(m) is torch.nn.Linear}
-    source: dict[str, Int4Weight | torch.Tensor] = {}
+    source: dict[str, Decoded] = {}
     if gguf is not None:
         heads = _rotary_heads(model)
         for name, _, weight in tqdm(linear_weights(gguf), total=len(layers), desc="reading GGUF", unit="layer"):
@@ -46,54 +50,86 @@ def quantize_weights(model: PreTrainedModel, mode: str, gguf: Path | None = None
                 source[name] = matching(name, weight, layers[name].weight.detach(), heads.get(name))
     out: Quantized = {}
     for name, layer in tqdm(layers.items(), desc=f"quantizing to {mode}", unit="layer", disable=len(layers) < 50):
+        if not fits(layer.in_features, layer.out_features):
+            continue
         weight = source.get(name, layer.weight.detach())
-        rows, inputs = layer.out_features, layer.in_features
-        if mode == "int4" and isinstance(weight, Int4Weight) and fits_int4(inputs, rows, weight.group):
+        if isinstance(weight, Q8Weight) or (isinstance(weight, Q4Weight) and mode == "int4"):
             out[name] = weight  # exact, whatever `group` asks of rounded layers
-        elif mode == "int4" and gguf is None and fits_int4(inputs, rows, group):
-            out[name] = int4_rtn(weight, group)
-        elif fits_int8(inputs):
-            out[name] = int8_rtn(weight.dequantize() if isinstance(weight, Int4Weight) else weight)
+        elif isinstance(weight, Q4Weight):
+            out[name] = q8_rtn(weight.dequantize())
+        elif mode == "int4" and (gguf is None or name in source) and layer.in_features % group == 0:
+            out[name] = q4_rtn(weight, group)
+        else:
+            out[name] = q8_rtn(weight)
     return out
 
 
-def kernel_dtype(dtype: torch.dtype) -> torch.dtype:
-    """The activation dtype the int4/int8 kernels run in for a model in `dtype`: a float32 model's
-    quantized layers compute in bfloat16, because torch 2.13's weight-only CPU kernels have no
-    fast float32 path (measured on an AVX2 CPU, one 1536 x 8960 layer, 1 row: int4 58 ms in
-    float32 against 17 in bf16, int8 36 against 11; docs/quant.md)."""
-    return torch.bfloat16 if dtype == torch.float32 else dtype
+# Layers that one module feeds the same input, computed as one (forward.linear.SharedInputPart).
+_SHARED_INPUT = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 
 
 def install(model: PreTrainedModel, weights: Quantized, description: dict) -> PreTrainedModel:
-    """Replace `model`'s linear layers named in `weights` by int4/int8 ones, in place. They compute
-    in kernel_dtype(model.dtype) and hand back the model's dtype (the output layer: float32)."""
+    """Replace `model`'s linear layers named in `weights` by quantized ones, in place. They read
+    and hand back the model's dtype (the output layer: float32). Layers fed the same input whose
+    weights have one form run as one kernel call (_SHARED_INPUT)."""
     head = model.get_output_embeddings()
-    compute = kernel_dtype(model.dtype)
+    shared = _shared_groups(model, weights)
+    for group, weight in shared:
+        layers = [model.get_submodule(name) for name in group]
+        bias = None if layers[0].bias is None else torch.cat([layer.bias.detach() for layer in layers])
+        layer = QuantLinear(weight, bias, model.dtype)
+        start = 0
+        for i, (name, part) in enumerate(zip(group, layers)):
+            _replace(model, name, SharedInputPart(layer, start, start + part.out_features, i == 0, len(group)))
+            start += part.out_features
+    done = {name for group, _ in shared for name in group}
     for name, weight in weights.items():
-        parent_name, _, child = name.rpartition(".")
-        parent = model.get_submodule(parent_name)
-        layer = getattr(parent, child)
-        kind = Int4Linear if isinstance(weight, Int4Weight) else Int8Linear
-        quantized = kind(weight, layer.bias, compute)
-        quantized.out_dtype = torch.float32 if layer is head else model.dtype
-        setattr(parent, child, quantized)
-    setattr(model, QUANTIZED, {**description, "kernel_dtype": str(compute).removeprefix("torch.")})
+        if name in done:
+            continue
+        layer = model.get_submodule(name)
+        quantized = QuantLinear(weight, layer.bias, model.dtype)
+        quantized.out_dtype = torch.float32 if layer is head else None
+        _replace(model, name, quantized)
+    setattr(model, QUANTIZED, description)
     return model
+
+
+def _shared_groups(model: PreTrainedModel, weights: Quantized) -> list[tuple[list[str], Q4Weight | Q8Weight]]:
+    """(layer names, stacked weight) for each set of _SHARED_INPUT layers of one module that are
+    all in `weights`, in one form, and all with or all without a bias."""
+    out = []
+    for parent, module in model.named_modules():
+        for children in _SHARED_INPUT:
+            names = [f"{parent}.{child}" if parent else child for child in children]
+            if not all(name in weights for name in names):
+                continue
+            if len({getattr(module, child).bias is None for child in children}) > 1:
+                continue
+            weight = stacked([weights[name] for name in names])
+            if weight is not None:
+                out.append((names, weight))
+    return out
+
+
+def _replace(model: PreTrainedModel, name: str, layer: torch.nn.Module) -> None:
+    parent_name, _, child = name.rpartition(".")
+    setattr(model.get_submodule(parent_name), child, layer)
 
 
 def save(weights: Quantized, path: Path, description: dict) -> None:
     """Write `weights` to one safetensors file (4-bit codes two to a byte)."""
     tensors: dict[str, torch.Tensor] = {}
     for name, w in weights.items():
-        if isinstance(w, Int4Weight):
-            codes = w.codes.to(torch.uint8)
-            tensors |= {f"{name}.int4_codes": codes[:, 0::2] | (codes[:, 1::2] << 4),
-                        f"{name}.int4_scales": w.scales.contiguous(), f"{name}.int4_zeros": w.zeros.contiguous(),
-                        f"{name}.int4_group": torch.tensor(w.group)}
+        if isinstance(w, Q4Weight):
+            tensors |= {f"{name}.q4_codes": w.codes[:, 0::2] | (w.codes[:, 1::2] << 4),
+                        f"{name}.q4_sub_scales": w.sub_scales, f"{name}.q4_sub_mins": w.sub_mins,
+                        f"{name}.q4_scales": w.scales, f"{name}.q4_mins": w.mins,
+                        f"{name}.q4_per_super": torch.tensor(w.per_super)}
         else:
-            tensors |= {f"{name}.int8_codes": w.codes.contiguous(), f"{name}.int8_scales": w.scales.contiguous()}
-    save_file(tensors, str(path), metadata={"format": str(FORMAT), "description": json.dumps(description)})
+            tensors |= {f"{name}.q8_codes": w.codes, f"{name}.q8_sub_scales": w.sub_scales,
+                        f"{name}.q8_scales": w.scales, f"{name}.q8_zero": torch.tensor(w.zero)}
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(path),
+              metadata={"format": str(FORMAT), "description": json.dumps(description)})
 
 
 def load(path: Path) -> Quantized:
@@ -101,13 +137,14 @@ def load(path: Path) -> Quantized:
     out: Quantized = {}
     for key in tensors:
         name, _, field = key.rpartition(".")
-        if field == "int4_codes":
+        get = lambda suffix: tensors[f"{name}.{suffix}"]
+        if field == "q4_codes":
             packed = tensors[key]
             codes = torch.stack([packed & 0x0F, packed >> 4], dim=-1).reshape(packed.shape[0], -1)
-            out[name] = Int4Weight(codes, tensors[f"{name}.int4_scales"], tensors[f"{name}.int4_zeros"],
-                                   int(tensors[f"{name}.int4_group"]))
-        elif field == "int8_codes":
-            out[name] = Int8Weight(tensors[key], tensors[f"{name}.int8_scales"])
+            out[name] = Q4Weight(codes, get("q4_sub_scales"), get("q4_sub_mins"), get("q4_scales"), get("q4_mins"),
+                                 int(get("q4_per_super")))
+        elif field == "q8_codes":
+            out[name] = Q8Weight(tensors[key], get("q8_sub_scales"), get("q8_scales"), int(get("q8_zero")))
     return out
 
 

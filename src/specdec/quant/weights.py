@@ -1,17 +1,21 @@
-"""Quantized linear weights in the two layouts torch's weight-only CPU kernels take, made either
-from a GGUF block format (kept exactly where it maps) or by rounding a float weight.
+"""Quantized linear weights in the two forms specdec's kernels take (specdec.kernels), made
+either from a GGUF block format (kept exactly where it maps) or by rounding a float weight.
 
-int4: codes q in [0, 15] per element, and per group of `group` consecutive inputs of a row a
-scale s and a zero z, so that w = (q - 8) * s + z (`torch.ops.aten._weight_int4pack_mm_for_cpu`).
-GGUF's Q4_K (super-blocks of 256 = 8 groups of 32, each with 6-bit scale and min under fp16
-super-scales) is w = d*sc*q - dmin*m: the same form with s = d*sc, z = 8*s - dmin*m, so a Q4_K
-tensor maps onto int4 groups of 32 without requantizing (s and z stored in float32); so does
-Q4_1 (blocks of 32 with an fp16 scale d and min m, w = d*q + m: s = d, z = m + 8d).
-int8: codes in [-127, 127] with one scale per output row (`torch.ops.aten._weight_int8pack_mm`).
+Both are two-level, as llama.cpp's K-quants are: integer sub-scales per small group of inputs
+under float32 scales per super-block of 256 inputs of a row (a row's last super-block may be
+shorter), which is what makes them cheap to read (4.75 and 8.6 bits per weight).
+- Q4Weight: 4-bit codes q in [0, 15], groups of 32 with an unsigned sub-scale sc and sub-min mn,
+  super-scales d and dmin: w = d*sc*q - dmin*mn. GGUF's Q4_K is exactly this (its 6-bit sc and
+  mn); so is its Q4_1 (w = d*q + m per group of 32) with one group per super-block, sc = mn = 1
+  and dmin = -m (a float scale and min per group: 6 bits per weight).
+- Q8Weight: 8-bit codes q in [0, 255] around a zero z (one per tensor), groups of 16 with a
+  signed sub-scale sc under a super-scale d: w = d*sc*(q - z). GGUF's Q6_K is exactly this with
+  z = 32; rounding a float weight ("int8") uses z = 128 and codes in [1, 255].
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -20,81 +24,153 @@ from gguf import GGMLQuantizationType, quants
 
 from ..errors import SpecdecError
 
-INT4_GROUPS = (32, 64, 128, 256)  # group sizes the int4 kernel takes
+SUPER = 256  # inputs per super-block
+Q4_GROUP, Q8_GROUP = 32, 16  # inputs per sub-scale
+INT4_GROUPS = (32, 64, 128, 256)  # group sizes a float weight can be rounded to int4 in
 
 
 @dataclass
-class Int4Weight:
-    codes: torch.Tensor  # uint8 [out, in], values 0..15
-    scales: torch.Tensor  # float32 [out, in / group]
-    zeros: torch.Tensor  # float32 [out, in / group]
-    group: int
+class Q4Weight:
+    codes: torch.Tensor  # uint8 [out, in], 0..15
+    sub_scales: torch.Tensor  # uint8 [out, in / 32]
+    sub_mins: torch.Tensor  # uint8 [out, in / 32]
+    scales: torch.Tensor  # float32 [out, super-blocks]
+    mins: torch.Tensor  # float32 [out, super-blocks]
+    per_super: int = SUPER // Q4_GROUP  # groups per super-block
 
     def dequantize(self) -> torch.Tensor:
-        """The float32 weight [out, in] the codes stand for."""
-        expand = lambda t: t.repeat_interleave(self.group, dim=1)
-        return (self.codes.float() - 8) * expand(self.scales) + expand(self.zeros)
+        """The float32 weight [out, in] the codes stand for (GGUF's own order of operations)."""
+        scale = _scale(self.scales, self.sub_scales, self.per_super)
+        return self.codes.float() * _per_input(scale, Q4_GROUP) \
+            - _per_input(_scale(self.mins, self.sub_mins, self.per_super), Q4_GROUP)
 
 
 @dataclass
-class Int8Weight:
-    codes: torch.Tensor  # int8 [out, in]
-    scales: torch.Tensor  # float32 [out]
+class Q8Weight:
+    codes: torch.Tensor  # uint8 [out, in]
+    sub_scales: torch.Tensor  # int8 [out, in / 16]
+    scales: torch.Tensor  # float32 [out, super-blocks]
+    zero: int
 
     def dequantize(self) -> torch.Tensor:
-        return self.codes.float() * self.scales[:, None]
+        scale = _scale(self.scales, self.sub_scales, SUPER // Q8_GROUP)
+        return _per_input(scale, Q8_GROUP) * (self.codes.float() - self.zero)
 
 
-def int4_rtn(weight: torch.Tensor, group: int = 32) -> Int4Weight:
-    """Round a float weight to int4, per group of `group` inputs: each group's range [min, max]
-    spread over the 16 codes (asymmetric, round to nearest)."""
+def _scale(per_super: torch.Tensor, subs: torch.Tensor, groups: int) -> torch.Tensor:
+    """Each group's float step: its super-block's value (`groups` groups to a block) times its
+    sub-value, in float32 as the kernels compute it."""
+    return per_super.repeat_interleave(groups, dim=1)[:, : subs.shape[1]] * subs.float()
+
+
+def _per_input(per_group: torch.Tensor, group: int) -> torch.Tensor:
+    return per_group.repeat_interleave(group, dim=1)
+
+
+def fits(in_features: int, out_features: int) -> bool:
+    """Whether the kernels take a layer of this shape: outputs in tiles of 16, inputs in whole
+    activation blocks of 32."""
+    return out_features % 16 == 0 and in_features % Q4_GROUP == 0
+
+
+def _two_level(values: torch.Tensor, groups: int, top: int, signed: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-group float values [out, G] as integer sub-values times a float per super-block of
+    `groups` groups: (sub-values, super-values), the largest sub-value of a block `top`."""
+    out, count = values.shape
+    blocks = -(-count // groups)
+    padded = torch.nn.functional.pad(values, (0, blocks * groups - count)).reshape(out, blocks, groups)
+    tops = padded.abs().amax(-1) / top
+    safe = tops.clamp_min(torch.finfo(torch.float32).tiny)
+    subs = torch.round(padded / safe[..., None]).clamp(-top if signed else 0, top)
+    return subs.reshape(out, -1)[:, :count].to(torch.int8 if signed else torch.uint8), tops
+
+
+def q4_rtn(weight: torch.Tensor, group: int = 32) -> Q4Weight:
+    """Round a float weight to Q4 with each group of `group` inputs spread over its range
+    [min(0, low), high] (asymmetric, round to nearest): its scale and min, rounded to 8-bit
+    sub-values under super-scales, are shared by the group's 32-input sub-groups."""
     out_features, in_features = weight.shape
     if group not in INT4_GROUPS or in_features % group:
         raise SpecdecError(f"int4 groups must be one of {INT4_GROUPS} and divide the layer's {in_features} "
                            f"inputs; got {group}")
     w = weight.float().reshape(out_features, in_features // group, group)
-    low, high = w.amin(-1), w.amax(-1)
-    scales = ((high - low) / 15).clamp_min(torch.finfo(torch.float32).tiny)
-    codes = torch.round((w - low[..., None]) / scales[..., None]).clamp(0, 15)
-    # w = q * s + low = (q - 8) * s + (low + 8 s)
-    return Int4Weight(codes.to(torch.uint8).reshape(out_features, in_features), scales, low + 8 * scales, group)
+    low, high = w.amin(-1).clamp_max(0), w.amax(-1)
+    repeat = group // Q4_GROUP
+    scale = ((high - low) / 15).repeat_interleave(repeat, dim=1)
+    sub_scales, scales = _two_level(scale, SUPER // Q4_GROUP, 255, signed=False)
+    sub_mins, mins = _two_level((-low).repeat_interleave(repeat, dim=1), SUPER // Q4_GROUP, 255, signed=False)
+    # Codes for the rounded steps: q = round((w + dmin*mn) / (d*sc)), 0 where the step is 0.
+    w = w.reshape(out_features, in_features)
+    step = _per_input(_scale(scales, sub_scales, SUPER // Q4_GROUP), Q4_GROUP)
+    floor = _per_input(_scale(mins, sub_mins, SUPER // Q4_GROUP), Q4_GROUP)
+    codes = torch.where(step > 0, torch.round((w + floor) / step.clamp_min(1e-30)), 0).clamp(0, 15)
+    return Q4Weight(codes.to(torch.uint8), sub_scales, sub_mins, scales, mins)
 
 
-def int8_rtn(weight: torch.Tensor) -> Int8Weight:
-    """Round a float weight to int8 per output row (symmetric: the row's largest |w| is 127)."""
+def q8_rtn(weight: torch.Tensor) -> Q8Weight:
+    """Round a float weight to Q8 (symmetric per group of 16: the group's largest |w| is 127
+    steps from the zero 128; the steps rounded to 7-bit sub-scales under super-scales)."""
+    out_features, in_features = weight.shape
     w = weight.float()
-    scales = (w.abs().amax(1) / 127).clamp_min(torch.finfo(torch.float32).tiny)
-    codes = torch.round(w / scales[:, None]).clamp(-127, 127).to(torch.int8)
-    return Int8Weight(codes, scales)
+    step = w.reshape(out_features, -1, Q8_GROUP).abs().amax(-1) / 127
+    sub_scales, scales = _two_level(step, SUPER // Q8_GROUP, 127, signed=True)
+    rounded = _per_input(_scale(scales, sub_scales, SUPER // Q8_GROUP), Q8_GROUP)
+    codes = torch.where(rounded > 0, torch.round(w / rounded.clamp_min(1e-30)), 0).clamp(-127, 127) + 128
+    return Q8Weight(codes.to(torch.uint8), sub_scales, scales, 128)
 
 
-def q4k_to_int4(blocks: np.ndarray, shape: tuple[int, int]) -> Int4Weight:
-    """A GGUF Q4_K tensor's raw bytes ([rows, bytes per row] uint8) as int4 groups of 32, exact."""
+def q4k_split(blocks: np.ndarray, shape: tuple[int, int]) -> Q4Weight:
+    """A GGUF Q4_K tensor's raw bytes ([rows, bytes per row] uint8) as a Q4Weight, exact."""
     out_features, in_features = shape
     size = quants.GGML_QUANT_SIZES[GGMLQuantizationType.Q4_K][1]  # bytes of a 256-element block
     raw = np.ascontiguousarray(blocks, dtype=np.uint8).reshape(-1, size)
     d = raw[:, 0:2].copy().view(np.float16).astype(np.float32)
     dmin = raw[:, 2:4].copy().view(np.float16).astype(np.float32)
     sc, m = quants.Q4_K.get_scale_min(raw[:, 4:16])
-    scales = d * sc.astype(np.float32)  # [blocks, 8]
-    mins = dmin * m.astype(np.float32)
     # 4 chunks of 32 bytes: low nibbles are the chunk's first group of 32, high nibbles its second
     qs = raw[:, 16:].reshape(-1, 4, 1, 32) >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 2, 1)
-    codes = (qs & 0x0F).reshape(out_features, in_features)
-    scales = torch.from_numpy(scales.reshape(out_features, -1))
-    mins = torch.from_numpy(mins.reshape(out_features, -1))
-    return Int4Weight(torch.from_numpy(codes), scales, 8 * scales - mins, 32)
+    rows = lambda a, dtype: torch.from_numpy(np.ascontiguousarray(a).astype(dtype).reshape(out_features, -1))
+    return Q4Weight(rows(qs & 0x0F, np.uint8), rows(sc, np.uint8), rows(m, np.uint8), rows(d, np.float32),
+                    rows(dmin, np.float32))
 
 
-def q41_to_int4(blocks: np.ndarray, shape: tuple[int, int]) -> Int4Weight:
-    """A GGUF Q4_1 tensor's raw bytes as int4 groups of 32, exact (SmolLM2's GGUF is Q4_1)."""
+def q6k_split(blocks: np.ndarray, shape: tuple[int, int]) -> Q8Weight:
+    """A GGUF Q6_K tensor's raw bytes as a Q8Weight (codes 0..63 around 32), exact."""
+    out_features, in_features = shape
+    size = quants.GGML_QUANT_SIZES[GGMLQuantizationType.Q6_K][1]
+    raw = np.ascontiguousarray(blocks, dtype=np.uint8).reshape(-1, size)
+    ql, qh, sc, d = raw[:, :128], raw[:, 128:192], raw[:, 192:208], raw[:, 208:210]
+    # 2 halves of 128: ql's 64 bytes give 4-bit low parts (low nibbles: elements 0..63 of the
+    # half, high nibbles 64..127), qh's 32 bytes the 2-bit high parts (4 per byte).
+    low = (ql.reshape(-1, 2, 1, 64) >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 2, 1)) & 0x0F
+    high = (qh.reshape(-1, 2, 1, 32) >> np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 1, 4, 1)) & 0x03
+    codes = low.reshape(-1, 2, 128) | (high.reshape(-1, 2, 128) << 4)
+    rows = lambda a, dtype: torch.from_numpy(np.ascontiguousarray(a).view(dtype).reshape(out_features, -1).copy())
+    return Q8Weight(rows(codes, np.uint8), rows(sc, np.int8), rows(d, np.float16).float(), 32)
+
+
+def q41_split(blocks: np.ndarray, shape: tuple[int, int]) -> Q4Weight:
+    """A GGUF Q4_1 tensor's raw bytes as a Q4Weight of one group per super-block, exact."""
     out_features, in_features = shape
     size = quants.GGML_QUANT_SIZES[GGMLQuantizationType.Q4_1][1]  # bytes of a 32-element block
     raw = np.ascontiguousarray(blocks, dtype=np.uint8).reshape(-1, size)
-    d = raw[:, 0:2].copy().view(np.float16).astype(np.float32)[:, 0]
-    m = raw[:, 2:4].copy().view(np.float16).astype(np.float32)[:, 0]
+    d = torch.from_numpy(raw[:, 0:2].copy().view(np.float16).astype(np.float32).reshape(out_features, -1))
+    m = torch.from_numpy(raw[:, 2:4].copy().view(np.float16).astype(np.float32).reshape(out_features, -1))
     # 16 bytes: low nibbles are elements 0..15 of the block, high nibbles 16..31
     qs = raw[:, 4:]
-    codes = np.concatenate([qs & 0x0F, qs >> 4], axis=1).reshape(out_features, in_features)
-    scales = torch.from_numpy(d.reshape(out_features, -1))
-    return Int4Weight(torch.from_numpy(codes), scales, torch.from_numpy(m.reshape(out_features, -1)) + 8 * scales, 32)
+    codes = torch.from_numpy(np.concatenate([qs & 0x0F, qs >> 4], axis=1).reshape(out_features, in_features))
+    ones = torch.ones(d.shape, dtype=torch.uint8)
+    return Q4Weight(codes, ones, ones.clone(), d, -m, per_super=1)
+
+
+def stacked(weights: list[Q4Weight | Q8Weight]) -> Q4Weight | Q8Weight | None:
+    """The weights of layers with one input as one layer's (their outputs one after the other),
+    or None where their forms differ (Q4 with Q8, another zero or super-block size)."""
+    first = weights[0]
+    fields = dataclasses.fields(first)
+    plain = [f.name for f in fields if f.name not in ("codes", "sub_scales", "sub_mins", "scales", "mins")]
+    if any(type(w) is not type(first) or w.codes.shape[1] != first.codes.shape[1]
+           or any(getattr(w, n) != getattr(first, n) for n in plain) for w in weights):
+        return None
+    return dataclasses.replace(first, **{f.name: torch.cat([getattr(w, f.name) for w in weights])
+                                         for f in fields if f.name not in plain})

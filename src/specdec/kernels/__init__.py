@@ -1,0 +1,152 @@
+"""specdec's int8-activation kernels for Q4 and Q8 weights (qgemm.cpp; formats: quant.weights).
+
+The C++ source is compiled once per machine with the system's C++ compiler (-march=native: the
+AVX-512 VNNI path where the CPU has it, else the portable one) into the model cache, keyed by
+the source, the flags, the compiler and the CPU's flags, and loaded with ctypes. It links the
+OpenMP runtime torch already loaded (libgomp.so.1), so its threads are torch's threads
+(torch.set_num_threads applies) and no second pool spins beside them.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import fcntl
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+import torch
+
+from ..errors import SpecdecError
+from ..quant.weights import Q4_GROUP, Q8_GROUP, SUPER, Q4Weight, Q8Weight
+
+SOURCE = Path(__file__).with_name("qgemm.cpp")
+FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC", "-Wall")
+
+
+def _compiler() -> str:
+    for name in (os.environ.get("CXX"), "c++", "g++", "clang++"):
+        if name and shutil.which(name):
+            return name
+    raise SpecdecError("int8/int4 layers need a C++ compiler to build specdec's kernels once (install g++, "
+                       "e.g. `apt install g++`, or set CXX)")
+
+
+def _cpu_flags() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return line
+    except OSError:
+        pass
+    return ""
+
+
+def library_path() -> Path:
+    """Where the compiled kernels for this source, compiler and CPU live (built if missing)."""
+    from ..registry import cache_root
+
+    compiler = _compiler()
+    version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
+    key = hashlib.sha256("\n".join([SOURCE.read_text(), " ".join(FLAGS), version, _cpu_flags()]).encode())
+    folder = cache_root() / "kernels"
+    path = folder / f"qgemm-{key.hexdigest()[:16]}.so"
+    if path.exists():
+        return path
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one build at a time (test workers, parallel runs)
+        if not path.exists():
+            print("specdec: compiling the int8/int4 kernels for this CPU (seconds, once)", file=sys.stderr)
+            tmp = path.with_suffix(f".tmp{os.getpid()}")
+            done = subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", str(tmp)], capture_output=True, text=True)
+            if done.returncode:
+                tmp.unlink(missing_ok=True)
+                raise SpecdecError(f"compiling {SOURCE.name} failed ({compiler}):\n{done.stderr[-2000:]}")
+            os.replace(tmp, path)  # whole or not at all
+    return path
+
+
+@cache
+def library() -> ctypes.CDLL:
+    lib = ctypes.CDLL(str(library_path()))
+    p, i, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
+    lib.sd_q4_linear.argtypes = [p, i, i64, i64, i64, p, p, p, i64, p, p, i, i]
+    lib.sd_q8_linear.argtypes = [p, i, i64, i64, i64, p, p, p, i, p, p, i, i]
+    lib.sd_q4_linear.restype = lib.sd_q8_linear.restype = None
+    return lib
+
+
+def vector_path() -> bool:
+    """Whether the kernels run their AVX-512 VNNI path on this CPU (else the portable one)."""
+    return bool(library().sd_vector_path())
+
+
+@dataclass
+class Packed:
+    """A Q4 or Q8 weight in the kernels' tile layout (qgemm.cpp's header)."""
+
+    bits: int
+    codes: torch.Tensor
+    subs: torch.Tensor
+    supers: torch.Tensor
+    per_super: int  # groups per super-block
+    zero: int = 0
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.codes, self.subs, self.supers))
+
+
+def _tiles(per_row: torch.Tensor) -> torch.Tensor:
+    """[out, n] -> [out/16, n, 16]: a tile's 16 outputs side by side."""
+    out, n = per_row.shape
+    return per_row.reshape(out // 16, 16, n).transpose(1, 2)
+
+
+def pack(weight: Q4Weight | Q8Weight) -> Packed:
+    out, inputs = weight.codes.shape
+    tiles = out // 16
+    if isinstance(weight, Q4Weight):
+        groups = inputs // Q4_GROUP
+        # [tile, lane, group, half, j, byte] -> [tile, group, j, lane, byte, half]
+        q = weight.codes.reshape(tiles, 16, groups, 2, 4, 4).permute(0, 2, 4, 1, 5, 3)
+        codes = q[..., 0] | (q[..., 1] << 4)
+        subs = torch.cat([_tiles(weight.sub_scales), _tiles(weight.sub_mins)], dim=-1)
+        supers = torch.cat([_tiles(weight.scales), _tiles(weight.mins)], dim=-1).float()
+        return Packed(4, codes.contiguous(), subs.contiguous(), supers.contiguous(), weight.per_super)
+    groups = inputs // Q8_GROUP
+    codes = weight.codes.reshape(tiles, 16, groups, 4, 4).permute(0, 2, 3, 1, 4)
+    return Packed(8, codes.contiguous(), _tiles(weight.sub_scales).contiguous(),
+                  _tiles(weight.scales).float().contiguous(), SUPER // Q8_GROUP, weight.zero)
+
+
+_NATIVE = (torch.float32, torch.bfloat16)  # activation and output dtypes the kernels read and write
+
+
+def linear(x: torch.Tensor, weight: Packed, bias: torch.Tensor | None, out_dtype: torch.dtype,
+           portable: bool = False) -> torch.Tensor:
+    """x [rows, in] @ W^T (+ bias, float32) -> [rows, out] in out_dtype. `portable`: the portable
+    path even where the vector one runs (tests compare them)."""
+    rows, inputs = x.shape
+    out_features = weight.codes.shape[0] * 16
+    if x.dtype not in _NATIVE:
+        x = x.float()
+    x = x.contiguous()
+    y = torch.empty(rows, out_features, dtype=out_dtype if out_dtype in _NATIVE else torch.float32)
+    ptr = lambda t: None if t is None else t.data_ptr()
+    args = (ptr(x), int(x.dtype == torch.bfloat16), rows, inputs, out_features, ptr(weight.codes),
+            ptr(weight.subs), ptr(weight.supers))
+    tail = (ptr(bias), ptr(y), int(y.dtype == torch.bfloat16), int(portable))
+    if weight.bits == 4:
+        library().sd_q4_linear(*args, weight.per_super, *tail)
+    else:
+        library().sd_q8_linear(*args, weight.zero, *tail)
+    return y if y.dtype == out_dtype else y.to(out_dtype)
+
+
+__all__ = ["Packed", "SUPER", "linear", "pack", "vector_path"]

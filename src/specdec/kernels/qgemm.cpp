@@ -1,0 +1,348 @@
+// specdec's quantized matrix products: y = x W^T (+ b) for 4-bit and 8-bit weights in groups
+// with integer sub-scales under float super-scales (GGUF's Q4_K and Q6_K, repacked), and int8
+// activations quantized per row in blocks of 32 inputs.
+//
+// Why a row's result cannot depend on the block it is computed in: every row's activations are
+// quantized from that row alone, the integer dot products are exact, and each output's float
+// sum runs over the groups in one fixed order with the same operations, whatever the number of
+// rows, their position, the thread count or the instruction set. The AVX-512 VNNI path and the
+// portable reference below perform the same IEEE operations per output (mul, fma, add; the
+// build passes -ffp-contract=off), so they agree bit for bit (tests/test_kernels.py).
+//
+// Layouts (T = N/16 tiles of 16 outputs; lane l is output 16t+l):
+//   Q4: codes  [T][K/32][4][16][4] bytes: load j of group g holds, per lane, inputs 4j..4j+3 of
+//              the group in its low nibbles and 16+4j..16+4j+3 in its high nibbles;
+//       subs   [T][K/32][32] u8: 16 sub-scales, then 16 sub-mins;
+//       supers [T][ceil(G/gps)][32] f32: 16 scales, then 16 mins (a super-block is gps groups:
+//              8 for Q4_K, 1 for one float scale and min per group as Q4_1 has).
+//       w = scale*sub_scale*q - min*sub_min.
+//   Q8: codes  [T][K/16][4][16][4] bytes: load j of group g holds inputs 4j..4j+3 of the group;
+//       subs   [T][K/16][16] i8 sub-scales; supers [T][ceil(K/256)][16] f32 (16 groups of 16).
+//       w = scale*sub_scale*(q - zero).
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#include <immintrin.h>
+#define SD_VNNI 1
+#else
+#define SD_VNNI 0
+#endif
+
+namespace {
+
+constexpr int kBlock = 32;  // activation block (inputs per int8 scale)
+constexpr int kMaxRows = 8;  // rows computed together, sharing each weight load
+// Groups ahead of the one computed that the vector path prefetches: without it a tile's stream
+// of codes is latency-bound (measured on Zen 5, 28 layers of the 1.5B target's shapes: 1 row
+// 20.5 ms without, 19.3 at 12 ahead; 8 rows 55 against 24 ms); 20-48 ahead, into L1 or L2,
+// measure alike.
+constexpr int kAhead = 24;
+
+// One call's activations: row r's int8 values, a scale per block of 32, and the per-group terms
+// the formats subtract (Q4: -sum(xq) * scale per group of 32; Q8: zero * sum(xq) per 16).
+struct Acts {
+    std::vector<int8_t> q;
+    std::vector<float> scale, neg_sum;
+    std::vector<int32_t> zero_sum;
+};
+
+// One block of 32 inputs of a row: int8 values and their scale (the same IEEE operations in
+// both paths: an exact max, one division, products rounded to nearest-even).
+inline float quantize_block(const float* v, int8_t* q, int32_t* sums) {
+    float amax = 0.f;
+    for (int i = 0; i < kBlock; ++i) amax = std::fmax(amax, std::fabs(v[i]));
+    const float inv = amax > 0.f ? 127.f / amax : 0.f;
+    sums[0] = sums[1] = 0;
+    for (int i = 0; i < kBlock; ++i) {
+        const float t = std::fmin(127.f, std::fmax(-127.f, std::nearbyint(v[i] * inv)));
+        q[i] = int8_t(t);
+        sums[i / 16] += q[i];
+    }
+    return amax / 127.f;
+}
+
+#if SD_VNNI
+inline float quantize_block_vnni(const float* v, int8_t* q, int32_t* sums) {
+    const __m512 a = _mm512_loadu_ps(v), b = _mm512_loadu_ps(v + 16);
+    const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
+    const __m512 inv = _mm512_set1_ps(amax > 0.f ? 127.f / amax : 0.f);
+    const __m512 lo = _mm512_set1_ps(-127.f), hi = _mm512_set1_ps(127.f);
+    const int round = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+    const __m512i qa = _mm512_cvtps_epi32(_mm512_min_ps(hi, _mm512_max_ps(lo, _mm512_roundscale_ps(_mm512_mul_ps(a, inv), round))));
+    const __m512i qb = _mm512_cvtps_epi32(_mm512_min_ps(hi, _mm512_max_ps(lo, _mm512_roundscale_ps(_mm512_mul_ps(b, inv), round))));
+    _mm_storeu_si128((__m128i*)q, _mm512_cvtepi32_epi8(qa));
+    _mm_storeu_si128((__m128i*)(q + 16), _mm512_cvtepi32_epi8(qb));
+    sums[0] = _mm512_reduce_add_epi32(qa);
+    sums[1] = _mm512_reduce_add_epi32(qb);
+    return amax / 127.f;
+}
+#endif
+
+void quantize_rows(const void* x, int bf16, int64_t rows, int64_t K, int q8_zero, int portable, Acts& a) {
+    const int64_t blocks = K / kBlock;
+    a.q.resize(rows * K);
+    a.scale.resize(rows * blocks);
+    a.neg_sum.resize(rows * blocks);
+    a.zero_sum.resize(rows * blocks * 2);
+#pragma omp parallel for schedule(static) if (rows > 1)
+    for (int64_t r = 0; r < rows; ++r) {
+        float v[kBlock];
+        for (int64_t b = 0; b < blocks; ++b) {
+            const int64_t at = r * K + b * kBlock;
+            if (bf16) {
+                const uint16_t* h = static_cast<const uint16_t*>(x) + at;
+                for (int i = 0; i < kBlock; ++i) {
+                    const uint32_t bits = uint32_t(h[i]) << 16;
+                    std::memcpy(&v[i], &bits, 4);
+                }
+            } else {
+                std::memcpy(v, static_cast<const float*>(x) + at, sizeof v);
+            }
+            int32_t sums[2];
+#if SD_VNNI
+            const float scale = portable ? quantize_block(v, &a.q[at], sums) : quantize_block_vnni(v, &a.q[at], sums);
+#else
+            const float scale = quantize_block(v, &a.q[at], sums);
+#endif
+            a.scale[r * blocks + b] = scale;
+            a.neg_sum[r * blocks + b] = -float(sums[0] + sums[1]) * scale;
+            a.zero_sum[(r * blocks + b) * 2] = q8_zero * sums[0];
+            a.zero_sum[(r * blocks + b) * 2 + 1] = q8_zero * sums[1];
+        }
+    }
+}
+
+inline void store_out(const float* acc, const float* bias, int64_t n0, void* out, int bf16, int64_t at) {
+    for (int l = 0; l < 16; ++l) {
+        float y = acc[l];
+        if (bias) y = y + bias[n0 + l];
+        if (!bf16) {
+            static_cast<float*>(out)[at + l] = y;
+            continue;
+        }
+        uint32_t bits;
+        std::memcpy(&bits, &y, 4);
+        uint16_t h = std::isnan(y) ? uint16_t(0x7FC0) : uint16_t((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16);
+        static_cast<uint16_t*>(out)[at + l] = h;
+    }
+}
+
+struct Q4 {
+    const uint8_t *codes, *subs;
+    const float* supers;
+    int64_t gps;  // groups per super-block
+};
+struct Q8 {
+    const uint8_t* codes;
+    const int8_t* subs;
+    const float* supers;
+};
+
+// The portable path: one output lane at a time, the same operations as the vector path.
+void q4_tile_ref(const Q4& w, const Acts& a, int64_t K, int64_t t, int64_t r0, int rows, float (*acc)[16]) {
+    const int64_t G = K / 32, SB = (G + w.gps - 1) / w.gps;
+    for (int r = 0; r < rows; ++r)
+        for (int l = 0; l < 16; ++l) acc[r][l] = 0.f;
+    for (int64_t g = 0; g < G; ++g) {
+        const uint8_t* codes = w.codes + (t * G + g) * 256;
+        const uint8_t* subs = w.subs + (t * G + g) * 32;
+        const float* sup = w.supers + (t * SB + g / w.gps) * 32;
+        for (int l = 0; l < 16; ++l) {
+            const float s = float(subs[l]) * sup[l], m = float(subs[16 + l]) * sup[16 + l];
+            for (int r = 0; r < rows; ++r) {
+                const int8_t* xq = &a.q[(r0 + r) * K + g * 32];
+                int32_t isum = 0;
+                for (int j = 0; j < 4; ++j)
+                    for (int b = 0; b < 4; ++b) {
+                        const uint8_t byte = codes[j * 64 + l * 4 + b];
+                        isum += int32_t(byte & 15) * xq[4 * j + b] + int32_t(byte >> 4) * xq[16 + 4 * j + b];
+                    }
+                const int64_t blk = (r0 + r) * (K / 32) + g;
+                acc[r][l] = std::fma(float(isum), s * a.scale[blk], acc[r][l]);
+                acc[r][l] = std::fma(a.neg_sum[blk], m, acc[r][l]);
+            }
+        }
+    }
+}
+
+void q8_tile_ref(const Q8& w, const Acts& a, int64_t K, int64_t t, int64_t r0, int rows, float (*acc)[16]) {
+    const int64_t G = K / 16, SB = (G + 15) / 16;
+    for (int r = 0; r < rows; ++r)
+        for (int l = 0; l < 16; ++l) acc[r][l] = 0.f;
+    for (int64_t g = 0; g < G; ++g) {
+        const uint8_t* codes = w.codes + (t * G + g) * 256;
+        const int8_t* subs = w.subs + (t * G + g) * 16;
+        const float* sup = w.supers + (t * SB + g / 16) * 16;
+        for (int l = 0; l < 16; ++l) {
+            const float s = float(subs[l]) * sup[l];
+            for (int r = 0; r < rows; ++r) {
+                const int8_t* xq = &a.q[(r0 + r) * K + g * 16];
+                int32_t isum = 0;
+                for (int i = 0; i < 16; ++i) isum += int32_t(codes[(i / 4) * 64 + l * 4 + i % 4]) * xq[i];
+                const int64_t half = ((r0 + r) * (K / 32) + g / 2) * 2 + g % 2;
+                isum -= a.zero_sum[half];
+                acc[r][l] = std::fma(float(isum), s * a.scale[half / 2], acc[r][l]);
+            }
+        }
+    }
+}
+
+#if SD_VNNI
+inline void prefetch(const void* codes, const void* subs) {
+    for (int i = 0; i < 256; i += 64) _mm_prefetch(static_cast<const char*>(codes) + i, _MM_HINT_T0);
+    _mm_prefetch(static_cast<const char*>(subs), _MM_HINT_T0);
+}
+
+template <int R>
+void q4_tile_vnni(const Q4& w, const Acts& a, int64_t K, int64_t t, int64_t r0, float (*out)[16]) {
+    const int64_t G = K / 32, SB = (G + w.gps - 1) / w.gps, blocks = K / 32;
+    const __m512i low = _mm512_set1_epi8(0x0F);
+    __m512 acc[R];
+    for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+    __m512 d = _mm512_setzero_ps(), dm = _mm512_setzero_ps();
+    const float* sup = w.supers + t * SB * 32;
+    for (int64_t g = 0, in_super = 0; g < G; ++g) {
+        if (in_super-- == 0) {  // a counter, not g % gps: a division per group costs
+            d = _mm512_loadu_ps(sup);
+            dm = _mm512_loadu_ps(sup + 16);
+            sup += 32;
+            in_super = w.gps - 1;
+        }
+        const uint8_t* subs = w.subs + (t * G + g) * 32;
+        const __m512 s = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)subs))), d);
+        const __m512 m =
+            _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(subs + 16)))), dm);
+        const uint8_t* codes = w.codes + (t * G + g) * 256;
+        prefetch(codes + kAhead * 256, subs + kAhead * 32);
+        __m512i lo[4], hi[4];
+        for (int j = 0; j < 4; ++j) {
+            const __m512i v = _mm512_loadu_si512(codes + j * 64);
+            lo[j] = _mm512_and_si512(v, low);
+            hi[j] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+        }
+        for (int r = 0; r < R; ++r) {
+            const int32_t* xq = reinterpret_cast<const int32_t*>(&a.q[(r0 + r) * K + g * 32]);
+            __m512i i0 = _mm512_setzero_si512(), i1 = _mm512_setzero_si512();
+            for (int j = 0; j < 4; ++j) {
+                i0 = _mm512_dpbusd_epi32(i0, lo[j], _mm512_set1_epi32(xq[j]));
+                i1 = _mm512_dpbusd_epi32(i1, hi[j], _mm512_set1_epi32(xq[4 + j]));
+            }
+            const int64_t blk = (r0 + r) * blocks + g;
+            const __m512 isum = _mm512_cvtepi32_ps(_mm512_add_epi32(i0, i1));
+            acc[r] = _mm512_fmadd_ps(isum, _mm512_mul_ps(s, _mm512_set1_ps(a.scale[blk])), acc[r]);
+            acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(a.neg_sum[blk]), m, acc[r]);
+        }
+    }
+    for (int r = 0; r < R; ++r) _mm512_storeu_ps(out[r], acc[r]);
+}
+
+template <int R>
+void q8_tile_vnni(const Q8& w, const Acts& a, int64_t K, int64_t t, int64_t r0, float (*out)[16]) {
+    const int64_t G = K / 16, SB = (G + 15) / 16, blocks = K / 32;
+    __m512 acc[R];
+    for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+    __m512 d = _mm512_setzero_ps();
+    for (int64_t g = 0; g < G; ++g) {
+        if (g % 16 == 0) d = _mm512_loadu_ps(w.supers + (t * SB + g / 16) * 16);
+        const int8_t* subs = w.subs + (t * G + g) * 16;
+        const __m512 s = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)subs))), d);
+        const uint8_t* codes = w.codes + (t * G + g) * 256;
+        prefetch(codes + kAhead * 256, subs + kAhead * 16);
+        __m512i c[4];
+        for (int j = 0; j < 4; ++j) c[j] = _mm512_loadu_si512(codes + j * 64);
+        for (int r = 0; r < R; ++r) {
+            const int32_t* xq = reinterpret_cast<const int32_t*>(&a.q[(r0 + r) * K + g * 16]);
+            __m512i i0 = _mm512_setzero_si512(), i1 = _mm512_setzero_si512();
+            i0 = _mm512_dpbusd_epi32(i0, c[0], _mm512_set1_epi32(xq[0]));
+            i1 = _mm512_dpbusd_epi32(i1, c[1], _mm512_set1_epi32(xq[1]));
+            i0 = _mm512_dpbusd_epi32(i0, c[2], _mm512_set1_epi32(xq[2]));
+            i1 = _mm512_dpbusd_epi32(i1, c[3], _mm512_set1_epi32(xq[3]));
+            const int64_t half = ((r0 + r) * blocks + g / 2) * 2 + g % 2;
+            const __m512i isum = _mm512_sub_epi32(_mm512_add_epi32(i0, i1), _mm512_set1_epi32(a.zero_sum[half]));
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(s, _mm512_set1_ps(a.scale[half / 2])), acc[r]);
+        }
+    }
+    for (int r = 0; r < R; ++r) _mm512_storeu_ps(out[r], acc[r]);
+}
+
+template <typename W, template <int> class Kernel>
+void tile_vnni(const W& w, const Acts& a, int64_t K, int64_t t, int64_t r0, int rows, float (*acc)[16]) {
+    switch (rows) {
+        case 1: Kernel<1>::run(w, a, K, t, r0, acc); break;
+        case 2: Kernel<2>::run(w, a, K, t, r0, acc); break;
+        case 3: Kernel<3>::run(w, a, K, t, r0, acc); break;
+        case 4: Kernel<4>::run(w, a, K, t, r0, acc); break;
+        case 5: Kernel<5>::run(w, a, K, t, r0, acc); break;
+        case 6: Kernel<6>::run(w, a, K, t, r0, acc); break;
+        case 7: Kernel<7>::run(w, a, K, t, r0, acc); break;
+        default: Kernel<8>::run(w, a, K, t, r0, acc); break;
+    }
+}
+template <int R>
+struct Q4Vnni {
+    static void run(const Q4& w, const Acts& a, int64_t K, int64_t t, int64_t r0, float (*acc)[16]) {
+        q4_tile_vnni<R>(w, a, K, t, r0, acc);
+    }
+};
+template <int R>
+struct Q8Vnni {
+    static void run(const Q8& w, const Acts& a, int64_t K, int64_t t, int64_t r0, float (*acc)[16]) {
+        q8_tile_vnni<R>(w, a, K, t, r0, acc);
+    }
+};
+#endif
+
+// y[rows, N] for every tile, the rows in chunks of kMaxRows; each tile is one thread's work, so
+// the split over threads cannot change an output.
+template <typename W, typename Tile>
+void run(const W& w, const Acts& a, int64_t rows, int64_t K, int64_t N, const float* bias, void* out, int out_bf16,
+         Tile tile) {
+    const int64_t T = N / 16;
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < T; ++t) {
+        float acc[kMaxRows][16];
+        for (int64_t r0 = 0; r0 < rows; r0 += kMaxRows) {
+            const int chunk = int(rows - r0 < kMaxRows ? rows - r0 : kMaxRows);
+            tile(w, a, K, t, r0, chunk, acc);
+            for (int r = 0; r < chunk; ++r) store_out(acc[r], bias, t * 16, out, out_bf16, (r0 + r) * N + t * 16);
+        }
+    }
+}
+
+thread_local Acts acts;
+
+}  // namespace
+
+extern "C" {
+
+int sd_vector_path() { return SD_VNNI; }
+
+// x: [rows, K] float32 (x_bf16 = 0) or bfloat16; out: [rows, N] likewise by out_bf16; bias: N
+// float32 or null. K % 32 == 0, N % 16 == 0 (checked by the caller). portable = 1 runs the
+// portable path (tests compare the two).
+void sd_q4_linear(const void* x, int x_bf16, int64_t rows, int64_t K, int64_t N, const uint8_t* codes,
+                  const uint8_t* subs, const float* supers, int64_t gps, const float* bias, void* out, int out_bf16,
+                  int portable) {
+    quantize_rows(x, x_bf16, rows, K, 0, portable, acts);
+    const Q4 w{codes, subs, supers, gps};
+#if SD_VNNI
+    if (!portable) return run(w, acts, rows, K, N, bias, out, out_bf16, tile_vnni<Q4, Q4Vnni>);
+#endif
+    run(w, acts, rows, K, N, bias, out, out_bf16, q4_tile_ref);
+}
+
+void sd_q8_linear(const void* x, int x_bf16, int64_t rows, int64_t K, int64_t N, const uint8_t* codes,
+                  const int8_t* subs, const float* supers, int zero, const float* bias, void* out, int out_bf16,
+                  int portable) {
+    quantize_rows(x, x_bf16, rows, K, zero, portable, acts);
+    const Q8 w{codes, subs, supers};
+#if SD_VNNI
+    if (!portable) return run(w, acts, rows, K, N, bias, out, out_bf16, tile_vnni<Q8, Q8Vnni>);
+#endif
+    run(w, acts, rows, K, N, bias, out, out_bf16, q8_tile_ref);
+}
+
+}  // extern "C"
