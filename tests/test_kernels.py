@@ -75,9 +75,30 @@ def test_a_rows_bits_do_not_depend_on_its_block_threads_or_path(kind, out, input
     assert torch.equal(kernels.linear(x, packed, None, torch.bfloat16, portable=True), full)
 
 
-def test_the_vector_path_runs_where_the_cpu_has_avx512_vnni():
-    flags = open("/proc/cpuinfo").read().split()
-    assert kernels.vector_path() == all(f in flags for f in ("avx512f", "avx512bw", "avx512_vnni"))
+FLAGS = open("/proc/cpuinfo").read().split()
+HAS_AVX2 = all(f in FLAGS for f in ("avx2", "fma"))
+
+
+def test_the_vector_path_is_the_widest_the_cpu_has():
+    expected = ("avx512-vnni" if all(f in FLAGS for f in ("avx512f", "avx512bw", "avx512_vnni"))
+                else "avx2" if HAS_AVX2 else "portable")
+    assert kernels.vector_path() == expected
+
+
+@pytest.mark.skipif(not HAS_AVX2, reason="the CPU has no AVX2")
+@pytest.mark.parametrize("kind", ["q4", "q8"])
+def test_the_avx2_build_gives_the_same_bits(kind):
+    """The AVX2 path (what a CPU without AVX-512 VNNI runs), built for x86-64-v3 here, against
+    the portable path: its maddubs products must not saturate (Q8: codes signed, |x| times them)."""
+    assert kernels.vector_path("x86-64-v3") == "avx2"
+    for out, inputs in SHAPES:
+        packed = kernels.pack(weight(kind, out, inputs, seed=3))
+        x = torch.randn(11, inputs) * 4
+        x[0, :32] = 127.0  # the largest activations meet the largest codes
+        full = kernels.linear(x, packed, None, torch.float32, march="x86-64-v3")
+        assert torch.equal(full, kernels.linear(x, packed, None, torch.float32, portable=True))
+        assert all(torch.equal(kernels.linear(x[i : i + 3], packed, None, torch.float32, march="x86-64-v3"),
+                               full[i : i + 3]) for i in range(8))
 
 
 def test_the_kernels_share_torchs_openmp_runtime():

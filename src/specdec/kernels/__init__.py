@@ -1,8 +1,8 @@
 """specdec's int8-activation kernels for Q4 and Q8 weights (qgemm.cpp; formats: quant.weights).
 
 The C++ source is compiled once per machine with the system's C++ compiler (-march=native: the
-AVX-512 VNNI path where the CPU has it, else the portable one) into the model cache, keyed by
-the source, the flags, the compiler and the CPU's flags, and loaded with ctypes. It links the
+AVX-512 VNNI path where the CPU has it, else the AVX2 one, else the portable one) into the model
+cache, keyed by the source, the flags, the compiler and the CPU's flags, and loaded with ctypes. It links the
 OpenMP runtime torch already loaded (libgomp.so.1), so its threads are torch's threads
 (torch.set_num_threads applies) and no second pool spins beside them.
 """
@@ -26,7 +26,8 @@ from ..errors import SpecdecError
 from ..quant.weights import Q4_GROUP, Q8_GROUP, SUPER, Q4Weight, Q8Weight
 
 SOURCE = Path(__file__).with_name("qgemm.cpp")
-FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC", "-Wall")
+FLAGS = ("-O3", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC", "-Wall")
+PATHS = {2: "avx512-vnni", 1: "avx2", 0: "portable"}  # sd_vector_path()
 
 
 def _compiler() -> str:
@@ -47,13 +48,15 @@ def _cpu_flags() -> str:
     return ""
 
 
-def library_path() -> Path:
-    """Where the compiled kernels for this source, compiler and CPU live (built if missing)."""
+def library_path(march: str = "native") -> Path:
+    """Where the compiled kernels for this source, compiler, CPU and -march live (built if
+    missing; another `march` than native builds an older instruction set's path, for tests)."""
     from ..registry import cache_root
 
     compiler = _compiler()
+    flags = (*FLAGS, f"-march={march}")
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
-    key = hashlib.sha256("\n".join([SOURCE.read_text(), " ".join(FLAGS), version, _cpu_flags()]).encode())
+    key = hashlib.sha256("\n".join([SOURCE.read_text(), " ".join(flags), version, _cpu_flags()]).encode())
     folder = cache_root() / "kernels"
     path = folder / f"qgemm-{key.hexdigest()[:16]}.so"
     if path.exists():
@@ -64,7 +67,7 @@ def library_path() -> Path:
         if not path.exists():
             print("specdec: compiling the int8/int4 kernels for this CPU (seconds, once)", file=sys.stderr)
             tmp = path.with_suffix(f".tmp{os.getpid()}")
-            done = subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", str(tmp)], capture_output=True, text=True)
+            done = subprocess.run([compiler, *flags, str(SOURCE), "-o", str(tmp)], capture_output=True, text=True)
             if done.returncode:
                 tmp.unlink(missing_ok=True)
                 raise SpecdecError(f"compiling {SOURCE.name} failed ({compiler}):\n{done.stderr[-2000:]}")
@@ -73,8 +76,8 @@ def library_path() -> Path:
 
 
 @cache
-def library() -> ctypes.CDLL:
-    lib = ctypes.CDLL(str(library_path()))
+def library(march: str = "native") -> ctypes.CDLL:
+    lib = ctypes.CDLL(str(library_path(march)))
     p, i, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
     lib.sd_q4_linear.argtypes = [p, i, i64, i64, i64, p, p, p, i64, p, p, i, i]
     lib.sd_q8_linear.argtypes = [p, i, i64, i64, i64, p, p, p, i, p, p, i, i]
@@ -82,9 +85,9 @@ def library() -> ctypes.CDLL:
     return lib
 
 
-def vector_path() -> bool:
-    """Whether the kernels run their AVX-512 VNNI path on this CPU (else the portable one)."""
-    return bool(library().sd_vector_path())
+def vector_path(march: str = "native") -> str:
+    """The kernels' vector path on this CPU: avx512-vnni, avx2 or portable (none)."""
+    return PATHS[library(march).sd_vector_path()]
 
 
 @dataclass
@@ -129,9 +132,9 @@ _NATIVE = (torch.float32, torch.bfloat16)  # activation and output dtypes the ke
 
 
 def linear(x: torch.Tensor, weight: Packed, bias: torch.Tensor | None, out_dtype: torch.dtype,
-           portable: bool = False) -> torch.Tensor:
+           portable: bool = False, march: str = "native") -> torch.Tensor:
     """x [rows, in] @ W^T (+ bias, float32) -> [rows, out] in out_dtype. `portable`: the portable
-    path even where the vector one runs (tests compare them)."""
+    path even where a vector one runs; `march`: the build to use (tests compare them)."""
     if x.dtype not in _NATIVE:
         x = x.float()
     if not x.is_contiguous():
@@ -139,7 +142,7 @@ def linear(x: torch.Tensor, weight: Packed, bias: torch.Tensor | None, out_dtype
     rows, inputs = x.shape
     out_features = weight.codes.shape[0] * 16
     y = torch.empty(rows, out_features, dtype=out_dtype if out_dtype in _NATIVE else torch.float32)
-    lib = library()
+    lib = library(march)
     head = (x.data_ptr(), x.dtype == torch.bfloat16, rows, inputs, out_features, weight.codes.data_ptr(),
             weight.subs.data_ptr(), weight.supers.data_ptr())
     tail = (None if bias is None else bias.data_ptr(), y.data_ptr(), y.dtype == torch.bfloat16, portable)

@@ -24,11 +24,19 @@
 #include <cstring>
 #include <vector>
 
+// The vector path the compiler may use (-march=native): AVX-512 VNNI, else AVX2 with FMA, else
+// none (the portable path alone).
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
 #include <immintrin.h>
 #define SD_VNNI 1
+#define SD_AVX2 0
+#elif defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define SD_VNNI 0
+#define SD_AVX2 1
 #else
 #define SD_VNNI 0
+#define SD_AVX2 0
 #endif
 
 namespace {
@@ -81,6 +89,31 @@ inline float quantize_block_vnni(const float* v, int8_t* q, int32_t* sums) {
 }
 #endif
 
+#if SD_AVX2
+inline float quantize_block_avx2(const float* v, int8_t* q, int32_t* sums) {
+    const __m256 sign = _mm256_set1_ps(-0.f);
+    __m256 m = _mm256_setzero_ps();
+    for (int i = 0; i < kBlock; i += 8) m = _mm256_max_ps(m, _mm256_andnot_ps(sign, _mm256_loadu_ps(v + i)));
+    float lanes[8];
+    _mm256_storeu_ps(lanes, m);
+    float amax = 0.f;
+    for (float f : lanes) amax = std::fmax(amax, f);
+    const __m256 inv = _mm256_set1_ps(amax > 0.f ? 127.f / amax : 0.f);
+    const __m256 lo = _mm256_set1_ps(-127.f), hi = _mm256_set1_ps(127.f);
+    int32_t ints[kBlock];
+    for (int i = 0; i < kBlock; i += 8) {
+        const __m256 t = _mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(v + i), inv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        _mm256_storeu_si256((__m256i*)(ints + i), _mm256_cvtps_epi32(_mm256_min_ps(hi, _mm256_max_ps(lo, t))));
+    }
+    sums[0] = sums[1] = 0;
+    for (int i = 0; i < kBlock; ++i) {
+        q[i] = int8_t(ints[i]);
+        sums[i / 16] += ints[i];
+    }
+    return amax / 127.f;
+}
+#endif
+
 void quantize_rows(const void* x, int bf16, int64_t rows, int64_t K, int q8_zero, int portable, Acts& a) {
     const int64_t blocks = K / kBlock;
     a.q.resize(rows * K);
@@ -104,6 +137,8 @@ void quantize_rows(const void* x, int bf16, int64_t rows, int64_t K, int q8_zero
             int32_t sums[2];
 #if SD_VNNI
             const float scale = portable ? quantize_block(v, &a.q[at], sums) : quantize_block_vnni(v, &a.q[at], sums);
+#elif SD_AVX2
+            const float scale = portable ? quantize_block(v, &a.q[at], sums) : quantize_block_avx2(v, &a.q[at], sums);
 #else
             const float scale = quantize_block(v, &a.q[at], sums);
 #endif
@@ -139,6 +174,7 @@ struct Q8 {
     const uint8_t* codes;
     const int8_t* subs;
     const float* supers;
+    int zero;
 };
 
 // The portable path: one output lane at a time, the same operations as the vector path.
@@ -295,6 +331,98 @@ struct Q8Vnni {
 };
 #endif
 
+#if SD_AVX2
+// AVX2 has no u8 x s8 -> s32 dot product: maddubs (u8 x s8 pairs -> s16, saturating) then madd
+// with ones. Q4 codes (<= 15) times int8 keep a pair below 2^15; Q8 codes are taken as the
+// signed q - zero and multiplied by |x| with x's sign moved onto them (|q - zero|, |x| <= 127).
+// The integer sums equal the other paths' exactly, so the float steps that follow are theirs.
+inline __m256i dot4(__m256i u8, __m256i s8) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u8, s8), _mm256_set1_epi16(1));
+}
+
+template <int R>
+void q4_tile_avx2(const Q4& w, const Acts& a, int64_t K, int64_t t, int64_t r0, float (*out)[16]) {
+    const int64_t G = K / 32, SB = (G + w.gps - 1) / w.gps, blocks = K / 32;
+    const __m256i low = _mm256_set1_epi8(0x0F);
+    for (int h = 0; h < 2; ++h) {  // lanes 8h .. 8h+7
+        __m256 acc[R];
+        for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+        __m256 d = _mm256_setzero_ps(), dm = _mm256_setzero_ps();
+        const float* sup = w.supers + t * SB * 32;
+        for (int64_t g = 0, in_super = 0; g < G; ++g) {
+            if (in_super-- == 0) {
+                d = _mm256_loadu_ps(sup + 8 * h);
+                dm = _mm256_loadu_ps(sup + 16 + 8 * h);
+                sup += 32;
+                in_super = w.gps - 1;
+            }
+            const uint8_t* subs = w.subs + (t * G + g) * 32;
+            const __m256 s = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(subs + 8 * h)))), d);
+            const __m256 m = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(subs + 16 + 8 * h)))), dm);
+            const uint8_t* codes = w.codes + (t * G + g) * 256 + 32 * h;
+            __m256i lo[4], hi[4];
+            for (int j = 0; j < 4; ++j) {
+                const __m256i v = _mm256_loadu_si256((const __m256i*)(codes + j * 64));
+                lo[j] = _mm256_and_si256(v, low);
+                hi[j] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+            }
+            for (int r = 0; r < R; ++r) {
+                const int32_t* xq = reinterpret_cast<const int32_t*>(&a.q[(r0 + r) * K + g * 32]);
+                __m256i isum = _mm256_setzero_si256();
+                for (int j = 0; j < 4; ++j) {
+                    isum = _mm256_add_epi32(isum, dot4(lo[j], _mm256_set1_epi32(xq[j])));
+                    isum = _mm256_add_epi32(isum, dot4(hi[j], _mm256_set1_epi32(xq[4 + j])));
+                }
+                const int64_t blk = (r0 + r) * blocks + g;
+                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(s, _mm256_set1_ps(a.scale[blk])), acc[r]);
+                acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(a.neg_sum[blk]), m, acc[r]);
+            }
+        }
+        for (int r = 0; r < R; ++r) _mm256_storeu_ps(out[r] + 8 * h, acc[r]);
+    }
+}
+
+template <int R>
+void q8_tile_avx2(const Q8& w, const Acts& a, int64_t K, int64_t t, int64_t r0, float (*out)[16]) {
+    const int64_t G = K / 16, SB = (G + 15) / 16, blocks = K / 32;
+    const __m256i zero = _mm256_set1_epi8(char(w.zero));
+    for (int h = 0; h < 2; ++h) {
+        __m256 acc[R];
+        for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+        __m256 d = _mm256_setzero_ps();
+        for (int64_t g = 0; g < G; ++g) {
+            if (g % 16 == 0) d = _mm256_loadu_ps(w.supers + (t * SB + g / 16) * 16 + 8 * h);
+            const int8_t* subs = w.subs + (t * G + g) * 16 + 8 * h;
+            const __m256 s = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)subs))), d);
+            const uint8_t* codes = w.codes + (t * G + g) * 256 + 32 * h;
+            __m256i c[4];
+            for (int j = 0; j < 4; ++j) c[j] = _mm256_sub_epi8(_mm256_loadu_si256((const __m256i*)(codes + j * 64)), zero);
+            for (int r = 0; r < R; ++r) {
+                const int32_t* xq = reinterpret_cast<const int32_t*>(&a.q[(r0 + r) * K + g * 16]);
+                __m256i isum = _mm256_setzero_si256();
+                for (int j = 0; j < 4; ++j) {
+                    const __m256i x = _mm256_set1_epi32(xq[j]);
+                    isum = _mm256_add_epi32(isum, dot4(_mm256_abs_epi8(x), _mm256_sign_epi8(c[j], x)));
+                }
+                const int64_t half = ((r0 + r) * blocks + g / 2) * 2 + g % 2;
+                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(s, _mm256_set1_ps(a.scale[half / 2])), acc[r]);
+            }
+        }
+        for (int r = 0; r < R; ++r) _mm256_storeu_ps(out[r] + 8 * h, acc[r]);
+    }
+}
+
+// Rows two at a time (16 vector registers: more rows would spill); a row's operations are the
+// same in any chunk.
+template <typename W, void (*One)(const W&, const Acts&, int64_t, int64_t, int64_t, float (*)[16]),
+          void (*Two)(const W&, const Acts&, int64_t, int64_t, int64_t, float (*)[16])>
+void tile_avx2(const W& w, const Acts& a, int64_t K, int64_t t, int64_t r0, int rows, float (*acc)[16]) {
+    int r = 0;
+    for (; r + 2 <= rows; r += 2) Two(w, a, K, t, r0 + r, acc + r);
+    if (r < rows) One(w, a, K, t, r0 + r, acc + r);
+}
+#endif
+
 // y[rows, N] for every tile, the rows in chunks of kMaxRows; each tile is one thread's work, so
 // the split over threads cannot change an output.
 template <typename W, typename Tile>
@@ -318,7 +446,8 @@ thread_local Acts acts;
 
 extern "C" {
 
-int sd_vector_path() { return SD_VNNI; }
+// 2: AVX-512 VNNI, 1: AVX2, 0: the portable path only.
+int sd_vector_path() { return SD_VNNI ? 2 : SD_AVX2; }
 
 // x: [rows, K] float32 (x_bf16 = 0) or bfloat16; out: [rows, N] likewise by out_bf16; bias: N
 // float32 or null. K % 32 == 0, N % 16 == 0 (checked by the caller). portable = 1 runs the
@@ -330,6 +459,9 @@ void sd_q4_linear(const void* x, int x_bf16, int64_t rows, int64_t K, int64_t N,
     const Q4 w{codes, subs, supers, gps};
 #if SD_VNNI
     if (!portable) return run(w, acts, rows, K, N, bias, out, out_bf16, tile_vnni<Q4, Q4Vnni>);
+#elif SD_AVX2
+    if (!portable)
+        return run(w, acts, rows, K, N, bias, out, out_bf16, tile_avx2<Q4, q4_tile_avx2<1>, q4_tile_avx2<2>>);
 #endif
     run(w, acts, rows, K, N, bias, out, out_bf16, q4_tile_ref);
 }
@@ -338,9 +470,12 @@ void sd_q8_linear(const void* x, int x_bf16, int64_t rows, int64_t K, int64_t N,
                   const int8_t* subs, const float* supers, int zero, const float* bias, void* out, int out_bf16,
                   int portable) {
     quantize_rows(x, x_bf16, rows, K, zero, portable, acts);
-    const Q8 w{codes, subs, supers};
+    const Q8 w{codes, subs, supers, zero};
 #if SD_VNNI
     if (!portable) return run(w, acts, rows, K, N, bias, out, out_bf16, tile_vnni<Q8, Q8Vnni>);
+#elif SD_AVX2
+    if (!portable)
+        return run(w, acts, rows, K, N, bias, out, out_bf16, tile_avx2<Q8, q8_tile_avx2<1>, q8_tile_avx2<2>>);
 #endif
     run(w, acts, rows, K, N, bias, out, out_bf16, q8_tile_ref);
 }
