@@ -5,9 +5,9 @@
 // Why a row's result cannot depend on the block it is computed in: every row's activations are
 // quantized from that row alone, the integer dot products are exact, and each output's float
 // sum runs over the groups in one fixed order with the same operations, whatever the number of
-// rows, their position, the thread count or the instruction set. The AVX-512 VNNI path and the
-// portable reference below perform the same IEEE operations per output (mul, fma, add; the
-// build passes -ffp-contract=off), so they agree bit for bit (tests/test_kernels.py).
+// rows, their position, the thread count or the instruction set. The AVX-512 VNNI path, the
+// AVX2 path and the portable reference below perform the same IEEE operations per output (mul,
+// fma, add; the build passes -ffp-contract=off), so they agree bit for bit (tests/test_kernels.py).
 //
 // Layouts (T = N/16 tiles of 16 outputs; lane l is output 16t+l):
 //   Q4: codes  [T][K/32][4][16][4] bytes: load j of group g holds, per lane, inputs 4j..4j+3 of
@@ -43,7 +43,7 @@ namespace {
 
 constexpr int kBlock = 32;  // activation block (inputs per int8 scale)
 constexpr int kMaxRows = 8;  // rows computed together, sharing each weight load
-// Groups ahead of the one computed that the vector path prefetches: without it a tile's stream
+// Groups ahead of the one computed that the VNNI path prefetches: without it a tile's stream
 // of codes is latency-bound (measured on Zen 5, 28 layers of the 1.5B target's shapes: 1 row
 // 20.5 ms without, 19.3 at 12 ahead; 8 rows 55 against 24 ms); 20-48 ahead, into L1 or L2,
 // measure alike.
