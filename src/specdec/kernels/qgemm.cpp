@@ -442,6 +442,38 @@ void run(const W& w, const Acts& a, int64_t rows, int64_t K, int64_t N, const fl
 
 thread_local Acts acts;
 
+// Each weight form's tile functions: the vector path this build has, and the portable one.
+template <typename W>
+struct Paths;
+template <>
+struct Paths<Q4> {
+    static constexpr auto portable = q4_tile_ref;
+#if SD_VNNI
+    static constexpr auto vector = tile_vnni<Q4, Q4Vnni>;
+#elif SD_AVX2
+    static constexpr auto vector = tile_avx2<Q4, q4_tile_avx2<1>, q4_tile_avx2<2>>;
+#endif
+};
+template <>
+struct Paths<Q8> {
+    static constexpr auto portable = q8_tile_ref;
+#if SD_VNNI
+    static constexpr auto vector = tile_vnni<Q8, Q8Vnni>;
+#elif SD_AVX2
+    static constexpr auto vector = tile_avx2<Q8, q8_tile_avx2<1>, q8_tile_avx2<2>>;
+#endif
+};
+
+template <typename W>
+void linear(const W& w, const void* x, int x_bf16, int64_t rows, int64_t K, int64_t N, int zero, const float* bias,
+            void* out, int out_bf16, int portable) {
+    quantize_rows(x, x_bf16, rows, K, zero, portable, acts);
+#if SD_VNNI || SD_AVX2
+    if (!portable) return run(w, acts, rows, K, N, bias, out, out_bf16, Paths<W>::vector);
+#endif
+    run(w, acts, rows, K, N, bias, out, out_bf16, Paths<W>::portable);
+}
+
 }  // namespace
 
 extern "C" {
@@ -455,29 +487,13 @@ int sd_vector_path() { return SD_VNNI ? 2 : SD_AVX2; }
 void sd_q4_linear(const void* x, int x_bf16, int64_t rows, int64_t K, int64_t N, const uint8_t* codes,
                   const uint8_t* subs, const float* supers, int64_t gps, const float* bias, void* out, int out_bf16,
                   int portable) {
-    quantize_rows(x, x_bf16, rows, K, 0, portable, acts);
-    const Q4 w{codes, subs, supers, gps};
-#if SD_VNNI
-    if (!portable) return run(w, acts, rows, K, N, bias, out, out_bf16, tile_vnni<Q4, Q4Vnni>);
-#elif SD_AVX2
-    if (!portable)
-        return run(w, acts, rows, K, N, bias, out, out_bf16, tile_avx2<Q4, q4_tile_avx2<1>, q4_tile_avx2<2>>);
-#endif
-    run(w, acts, rows, K, N, bias, out, out_bf16, q4_tile_ref);
+    linear(Q4{codes, subs, supers, gps}, x, x_bf16, rows, K, N, 0, bias, out, out_bf16, portable);
 }
 
 void sd_q8_linear(const void* x, int x_bf16, int64_t rows, int64_t K, int64_t N, const uint8_t* codes,
                   const int8_t* subs, const float* supers, int zero, const float* bias, void* out, int out_bf16,
                   int portable) {
-    quantize_rows(x, x_bf16, rows, K, zero, portable, acts);
-    const Q8 w{codes, subs, supers, zero};
-#if SD_VNNI
-    if (!portable) return run(w, acts, rows, K, N, bias, out, out_bf16, tile_vnni<Q8, Q8Vnni>);
-#elif SD_AVX2
-    if (!portable)
-        return run(w, acts, rows, K, N, bias, out, out_bf16, tile_avx2<Q8, q8_tile_avx2<1>, q8_tile_avx2<2>>);
-#endif
-    run(w, acts, rows, K, N, bias, out, out_bf16, q8_tile_ref);
+    linear(Q8{codes, subs, supers, zero}, x, x_bf16, rows, K, N, zero, bias, out, out_bf16, portable);
 }
 
 }  // extern "C"
