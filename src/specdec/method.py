@@ -81,7 +81,7 @@ def _width(text: str) -> int | None:
 OPTIONS: dict[str, tuple[Callable[[str], Any], str]] = {
     "k": (_whole, "tokens guessed per round (the most, with conf or pay)"),
     "ngram": (_whole, "longest n-gram prompt lookup matches"),
-    "quant": (_quant, "the draft's linear layers weight-only int8 or int4 (specdec.quant)"),
+    "quant": (_quant, "the draft's linear layers as 8-bit or 4-bit codes (specdec.quant, specdec.quantize)"),
     "vocab": (_whole, "the draft scores only the N most frequent token ids (specdec.draft_head)"),
     "conf": (_probability, "adaptive k: a round stops after a draft probability below P"),
     "pay": (_switch, "adaptive k by the cost model, from --pay-rule FILE (specdec.adaptive)"),

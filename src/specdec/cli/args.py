@@ -25,11 +25,12 @@ def add_model_args(p: argparse.ArgumentParser, draft_help: str = "draft model of
     p.add_argument("--target", default=DEFAULT_TARGET, help="registry name or local HF model folder")
     p.add_argument("--draft", default=DEFAULT_DRAFT, help=draft_help)
     p.add_argument("--target-quant", default="none", choices=MODES,
-                   help="the target's linear layers as weight-only int8 or int4 (CPU): a registry model from its "
-                        "own GGUF (4-bit blocks kept exactly), converted once into the model cache; a folder "
-                        "rounded. Lossless speculation is then relative to the quantized target")
+                   help="the target's linear layers as 8-bit or 4-bit codes on specdec's int8-activation kernels "
+                        "(CPU): a registry model from its own GGUF (Q4_K, Q4_1, Q6_K kept exactly), converted once "
+                        "into the model cache; a folder rounded. Lossless speculation is then relative to the "
+                        "quantized target")
     p.add_argument("--draft-quant", default=None, choices=MODES,
-                   help="quant= for every draft method: the draft's linear layers as weight-only int8 or int4 "
+                   help="quant= for every draft method: the draft's linear layers as 8-bit or 4-bit codes "
                         "(CPU), a cheaper draft, still lossless")
     p.add_argument("--draft-int8", action="store_true", help="the same as --draft-quant int8")
     p.add_argument("--quant-group", type=int, default=32, metavar="G",
