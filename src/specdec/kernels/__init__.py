@@ -32,8 +32,9 @@ PATHS = {2: "avx512-vnni", 1: "avx2", 0: "portable"}  # sd_vector_path()
 
 def _compiler() -> str:
     for name in (os.environ.get("CXX"), "c++", "g++", "clang++"):
-        if name and shutil.which(name):
-            return name
+        path = name and shutil.which(name)
+        if path:
+            return path  # a full path: gcc finds its own programs from it even where PATH is unset
     raise SpecdecError("int8/int4 layers need a C++ compiler to build specdec's kernels once (install g++, "
                        "e.g. `apt install g++`, or set CXX)")
 
@@ -67,7 +68,9 @@ def library_path(march: str = "native") -> Path:
         if not path.exists():
             print("specdec: compiling the int8/int4 kernels for this CPU (seconds, once)", file=sys.stderr)
             tmp = path.with_suffix(f".tmp{os.getpid()}")
-            done = subprocess.run([compiler, *flags, str(SOURCE), "-o", str(tmp)], capture_output=True, text=True)
+            env = {**os.environ, "PATH": os.environ.get("PATH") or os.defpath}  # the linker is found by PATH
+            done = subprocess.run([compiler, *flags, str(SOURCE), "-o", str(tmp)], capture_output=True, text=True,
+                                  env=env)
             if done.returncode:
                 tmp.unlink(missing_ok=True)
                 raise SpecdecError(f"compiling {SOURCE.name} failed ({compiler}):\n{done.stderr[-2000:]}")
