@@ -178,7 +178,7 @@ struct Q8 {
 };
 
 // The portable path: one output lane at a time, the same operations as the vector path.
-void q4_tile_ref(const Q4& w, const Acts& a, int64_t K, int64_t t, int64_t r0, int rows, float (*acc)[16]) {
+void portable_tile(const Q4& w, const Acts& a, int64_t K, int64_t t, int64_t r0, int rows, float (*acc)[16]) {
     const int64_t G = K / 32, SB = (G + w.gps - 1) / w.gps;
     for (int r = 0; r < rows; ++r)
         for (int l = 0; l < 16; ++l) acc[r][l] = 0.f;
@@ -204,7 +204,7 @@ void q4_tile_ref(const Q4& w, const Acts& a, int64_t K, int64_t t, int64_t r0, i
     }
 }
 
-void q8_tile_ref(const Q8& w, const Acts& a, int64_t K, int64_t t, int64_t r0, int rows, float (*acc)[16]) {
+void portable_tile(const Q8& w, const Acts& a, int64_t K, int64_t t, int64_t r0, int rows, float (*acc)[16]) {
     const int64_t G = K / 16, SB = (G + 15) / 16;
     for (int r = 0; r < rows; ++r)
         for (int l = 0; l < 16; ++l) acc[r][l] = 0.f;
@@ -233,7 +233,7 @@ inline void prefetch(const void* codes, const void* subs) {
 }
 
 template <int R>
-void q4_tile_vnni(const Q4& w, const Acts& a, int64_t K, int64_t t, int64_t r0, float (*out)[16]) {
+void vnni_rows(const Q4& w, const Acts& a, int64_t K, int64_t t, int64_t r0, float (*out)[16]) {
     const int64_t G = K / 32, SB = (G + w.gps - 1) / w.gps, blocks = K / 32;
     const __m512i low = _mm512_set1_epi8(0x0F);
     __m512 acc[R];
@@ -276,7 +276,7 @@ void q4_tile_vnni(const Q4& w, const Acts& a, int64_t K, int64_t t, int64_t r0, 
 }
 
 template <int R>
-void q8_tile_vnni(const Q8& w, const Acts& a, int64_t K, int64_t t, int64_t r0, float (*out)[16]) {
+void vnni_rows(const Q8& w, const Acts& a, int64_t K, int64_t t, int64_t r0, float (*out)[16]) {
     const int64_t G = K / 16, SB = (G + 15) / 16, blocks = K / 32;
     __m512 acc[R];
     for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
@@ -304,31 +304,20 @@ void q8_tile_vnni(const Q8& w, const Acts& a, int64_t K, int64_t t, int64_t r0, 
     for (int r = 0; r < R; ++r) _mm512_storeu_ps(out[r], acc[r]);
 }
 
-template <typename W, template <int> class Kernel>
-void tile_vnni(const W& w, const Acts& a, int64_t K, int64_t t, int64_t r0, int rows, float (*acc)[16]) {
+// A tile's rows with the row count a template argument (acc[] then stays in registers).
+template <typename W>
+void vector_tile(const W& w, const Acts& a, int64_t K, int64_t t, int64_t r0, int rows, float (*acc)[16]) {
     switch (rows) {
-        case 1: Kernel<1>::run(w, a, K, t, r0, acc); break;
-        case 2: Kernel<2>::run(w, a, K, t, r0, acc); break;
-        case 3: Kernel<3>::run(w, a, K, t, r0, acc); break;
-        case 4: Kernel<4>::run(w, a, K, t, r0, acc); break;
-        case 5: Kernel<5>::run(w, a, K, t, r0, acc); break;
-        case 6: Kernel<6>::run(w, a, K, t, r0, acc); break;
-        case 7: Kernel<7>::run(w, a, K, t, r0, acc); break;
-        default: Kernel<8>::run(w, a, K, t, r0, acc); break;
+        case 1: vnni_rows<1>(w, a, K, t, r0, acc); break;
+        case 2: vnni_rows<2>(w, a, K, t, r0, acc); break;
+        case 3: vnni_rows<3>(w, a, K, t, r0, acc); break;
+        case 4: vnni_rows<4>(w, a, K, t, r0, acc); break;
+        case 5: vnni_rows<5>(w, a, K, t, r0, acc); break;
+        case 6: vnni_rows<6>(w, a, K, t, r0, acc); break;
+        case 7: vnni_rows<7>(w, a, K, t, r0, acc); break;
+        default: vnni_rows<8>(w, a, K, t, r0, acc); break;
     }
 }
-template <int R>
-struct Q4Vnni {
-    static void run(const Q4& w, const Acts& a, int64_t K, int64_t t, int64_t r0, float (*acc)[16]) {
-        q4_tile_vnni<R>(w, a, K, t, r0, acc);
-    }
-};
-template <int R>
-struct Q8Vnni {
-    static void run(const Q8& w, const Acts& a, int64_t K, int64_t t, int64_t r0, float (*acc)[16]) {
-        q8_tile_vnni<R>(w, a, K, t, r0, acc);
-    }
-};
 #endif
 
 #if SD_AVX2
@@ -341,7 +330,7 @@ inline __m256i dot4(__m256i u8, __m256i s8) {
 }
 
 template <int R>
-void q4_tile_avx2(const Q4& w, const Acts& a, int64_t K, int64_t t, int64_t r0, float (*out)[16]) {
+void avx2_rows(const Q4& w, const Acts& a, int64_t K, int64_t t, int64_t r0, float (*out)[16]) {
     const int64_t G = K / 32, SB = (G + w.gps - 1) / w.gps, blocks = K / 32;
     const __m256i low = _mm256_set1_epi8(0x0F);
     for (int h = 0; h < 2; ++h) {  // lanes 8h .. 8h+7
@@ -383,7 +372,7 @@ void q4_tile_avx2(const Q4& w, const Acts& a, int64_t K, int64_t t, int64_t r0, 
 }
 
 template <int R>
-void q8_tile_avx2(const Q8& w, const Acts& a, int64_t K, int64_t t, int64_t r0, float (*out)[16]) {
+void avx2_rows(const Q8& w, const Acts& a, int64_t K, int64_t t, int64_t r0, float (*out)[16]) {
     const int64_t G = K / 16, SB = (G + 15) / 16, blocks = K / 32;
     const __m256i zero = _mm256_set1_epi8(char(w.zero));
     for (int h = 0; h < 2; ++h) {
@@ -414,12 +403,11 @@ void q8_tile_avx2(const Q8& w, const Acts& a, int64_t K, int64_t t, int64_t r0, 
 
 // Rows two at a time (16 vector registers: more rows would spill); a row's operations are the
 // same in any chunk.
-template <typename W, void (*One)(const W&, const Acts&, int64_t, int64_t, int64_t, float (*)[16]),
-          void (*Two)(const W&, const Acts&, int64_t, int64_t, int64_t, float (*)[16])>
-void tile_avx2(const W& w, const Acts& a, int64_t K, int64_t t, int64_t r0, int rows, float (*acc)[16]) {
+template <typename W>
+void vector_tile(const W& w, const Acts& a, int64_t K, int64_t t, int64_t r0, int rows, float (*acc)[16]) {
     int r = 0;
-    for (; r + 2 <= rows; r += 2) Two(w, a, K, t, r0 + r, acc + r);
-    if (r < rows) One(w, a, K, t, r0 + r, acc + r);
+    for (; r + 2 <= rows; r += 2) avx2_rows<2>(w, a, K, t, r0 + r, acc + r);
+    if (r < rows) avx2_rows<1>(w, a, K, t, r0 + r, acc + r);
 }
 #endif
 
@@ -442,36 +430,18 @@ void run(const W& w, const Acts& a, int64_t rows, int64_t K, int64_t N, const fl
 
 thread_local Acts acts;
 
-// Each weight form's tile functions: the vector path this build has, and the portable one.
+// A tile of either path: (weight, activations, K, tile, first row, rows, out[rows][16]).
 template <typename W>
-struct Paths;
-template <>
-struct Paths<Q4> {
-    static constexpr auto portable = q4_tile_ref;
-#if SD_VNNI
-    static constexpr auto vector = tile_vnni<Q4, Q4Vnni>;
-#elif SD_AVX2
-    static constexpr auto vector = tile_avx2<Q4, q4_tile_avx2<1>, q4_tile_avx2<2>>;
-#endif
-};
-template <>
-struct Paths<Q8> {
-    static constexpr auto portable = q8_tile_ref;
-#if SD_VNNI
-    static constexpr auto vector = tile_vnni<Q8, Q8Vnni>;
-#elif SD_AVX2
-    static constexpr auto vector = tile_avx2<Q8, q8_tile_avx2<1>, q8_tile_avx2<2>>;
-#endif
-};
+using Tile = void (*)(const W&, const Acts&, int64_t, int64_t, int64_t, int, float (*)[16]);
 
 template <typename W>
 void linear(const W& w, const void* x, int x_bf16, int64_t rows, int64_t K, int64_t N, int zero, const float* bias,
             void* out, int out_bf16, int portable) {
     quantize_rows(x, x_bf16, rows, K, zero, portable, acts);
 #if SD_VNNI || SD_AVX2
-    if (!portable) return run(w, acts, rows, K, N, bias, out, out_bf16, Paths<W>::vector);
+    if (!portable) return run(w, acts, rows, K, N, bias, out, out_bf16, Tile<W>(vector_tile<W>));
 #endif
-    run(w, acts, rows, K, N, bias, out, out_bf16, Paths<W>::portable);
+    run(w, acts, rows, K, N, bias, out, out_bf16, Tile<W>(portable_tile));
 }
 
 }  // namespace

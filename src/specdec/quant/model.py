@@ -80,7 +80,7 @@ def install(model: PreTrainedModel, weights: Quantized, description: dict) -> Pr
         layer = QuantLinear(weight, bias, model.dtype)
         start = 0
         for i, (name, part) in enumerate(zip(group, layers)):
-            _replace(model, name, SharedInputPart(layer, start, start + part.out_features, i == 0, len(group)))
+            model.set_submodule(name, SharedInputPart(layer, start, start + part.out_features, i == 0, len(group)))
             start += part.out_features
     done = {name for group, _ in shared for name in group}
     for name, weight in weights.items():
@@ -89,7 +89,7 @@ def install(model: PreTrainedModel, weights: Quantized, description: dict) -> Pr
         layer = model.get_submodule(name)
         quantized = QuantLinear(weight, layer.bias, model.dtype)
         quantized.out_dtype = torch.float32 if layer is head else None
-        _replace(model, name, quantized)
+        model.set_submodule(name, quantized)
     setattr(model, QUANTIZED, description)
     return model
 
@@ -109,11 +109,6 @@ def _shared_groups(model: PreTrainedModel, weights: Quantized) -> list[tuple[lis
             if weight is not None:
                 out.append((names, weight))
     return out
-
-
-def _replace(model: PreTrainedModel, name: str, layer: torch.nn.Module) -> None:
-    parent_name, _, child = name.rpartition(".")
-    setattr(model.get_submodule(parent_name), child, layer)
 
 
 def save(weights: Quantized, path: Path, description: dict) -> None:

@@ -163,14 +163,18 @@ def q41_split(blocks: np.ndarray, shape: tuple[int, int]) -> Q4Weight:
     return Q4Weight(codes, ones, ones.clone(), d, -m, per_super=1)
 
 
+def tensor_fields(weight: Q4Weight | Q8Weight) -> list[str]:
+    """The fields of a weight that hold a tensor [out, ...] (the others are per-tensor constants)."""
+    return [f.name for f in dataclasses.fields(weight) if isinstance(getattr(weight, f.name), torch.Tensor)]
+
+
 def stacked(weights: list[Q4Weight | Q8Weight]) -> Q4Weight | Q8Weight | None:
     """The weights of layers with one input as one layer's (their outputs one after the other),
     or None where their forms differ (Q4 with Q8, another zero or super-block size)."""
     first = weights[0]
-    fields = dataclasses.fields(first)
-    plain = [f.name for f in fields if f.name not in ("codes", "sub_scales", "sub_mins", "scales", "mins")]
+    tensors = tensor_fields(first)
+    plain = [f.name for f in dataclasses.fields(first) if f.name not in tensors]
     if any(type(w) is not type(first) or w.codes.shape[1] != first.codes.shape[1]
            or any(getattr(w, n) != getattr(first, n) for n in plain) for w in weights):
         return None
-    return dataclasses.replace(first, **{f.name: torch.cat([getattr(w, f.name) for w in weights])
-                                         for f in fields if f.name not in plain})
+    return dataclasses.replace(first, **{name: torch.cat([getattr(w, name) for w in weights]) for name in tensors})
