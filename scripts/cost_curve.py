@@ -9,8 +9,8 @@ import time
 
 import torch
 
-from specdec.lm import CausalLM
-from specdec.models import load_model
+from specdec.decode.lm import CausalLM
+from specdec.models.load import load_model
 
 PREFIX, REPEATS = 60, 4
 

@@ -7,7 +7,7 @@
 #   bash scripts/cuda_check.sh            # on the GPU machine, from the repository root
 #
 # Real weights do not travel to that machine (only the working tree does), so the model-level
-# run uses models of the registry shapes with random weights (specdec.models.random_model): a
+# run uses models of the registry shapes with random weights (specdec.models.load.random_model): a
 # forward's arithmetic, and so its block invariance, does not depend on the values; acceptance
 # does, so only equality and costs are read from it.
 set -uo pipefail
@@ -40,8 +40,8 @@ PY
   timeout 240 $PY - <<'PY'
 import time, torch
 from specdec import DraftModel, PromptLookup, generate
-from specdec.lm import CausalLM
-from specdec.models import random_model
+from specdec.decode.lm import CausalLM
+from specdec.models.load import random_model
 torch.manual_seed(0)
 target = random_model("qwen2.5-coder-1.5b-instruct", "bfloat16", "cuda")
 draft = random_model("qwen2.5-coder-0.5b-instruct", "bfloat16", "cuda")

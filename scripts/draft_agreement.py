@@ -8,7 +8,7 @@ greedy acceptance that needs no target forward; decode steps are one row each, a
     .venv/bin/python scripts/draft_agreement.py docs/bench/humaneval-20-128 --prompts 10 \
         --variants int8@1024,int8@16,float32@1024
 
-With --context N the prompt is instead sweep's N-token article prompt (specdec.longprompt) and
+With --context N the prompt is instead sweep's N-token article prompt (specdec.prompts.long) and
 the target's greedy tokens are generated here (--tokens of them).
 """
 
@@ -21,20 +21,20 @@ from pathlib import Path
 
 import torch
 
-import specdec.lm
-from specdec.datasets import Selection, load_prompts
-from specdec.quantize import int8_draft
-from specdec.engine import generate
-from specdec.lm import CausalLM
-from specdec.longprompt import long_prompt
-from specdec.models import load_model
-from specdec.prompts import encode_prompt
+import specdec.decode.lm
+from specdec.prompts.datasets import Selection, load_prompts
+from specdec.models.draft_quant import int8_draft
+from specdec.decode.engine import generate
+from specdec.decode.lm import CausalLM
+from specdec.prompts.long import long_prompt
+from specdec.models.load import load_model
+from specdec.prompts.chat import encode_prompt
 
 
 @torch.inference_mode()
 def agreement(model, prompt: torch.Tensor, wanted: list[int], chunk: int) -> float:
     """Share of `wanted` tokens the model's argmax predicts, each from the true prefix."""
-    specdec.lm.PREFILL_CHUNK = chunk
+    specdec.decode.lm.PREFILL_CHUNK = chunk
     lm = CausalLM(model)
     logits = lm.prefill(prompt)
     hits = 0

@@ -1,11 +1,11 @@
 """Time one token draw over the default models' vocabulary: torch.multinomial against
-specdec.sampling.draw (docs/design.md, "One host read per round")."""
+specdec.decode.sampling.draw (docs/design.md, "One host read per round")."""
 
 import time
 
 import torch
 
-from specdec.sampling import draw
+from specdec.decode.sampling import draw
 
 VOCAB = 151936  # Qwen2.5's output rows
 

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import torch
 
-from specdec.quantize import int8_draft
-from specdec.lm import CausalLM
-from specdec.models import load_model
+from specdec.models.draft_quant import int8_draft
+from specdec.decode.lm import CausalLM
+from specdec.models.load import load_model
 
 
 @torch.inference_mode()

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Peak memory and time of prefilling one long prompt, by prefill block size (specdec.lm.
+"""Peak memory and time of prefilling one long prompt, by prefill block size (specdec.decode.lm.
 PREFILL_CHUNK): the process's resident high-water mark is reset before each prefill and read
 after it, above the resident memory at its start.
 
@@ -14,11 +14,11 @@ import time
 import psutil
 import torch
 
-import specdec.lm
+import specdec.decode.lm
 from specdec.machine import PeakMemory
-from specdec.lm import CausalLM
-from specdec.longprompt import long_prompt
-from specdec.models import load_model
+from specdec.decode.lm import CausalLM
+from specdec.prompts.long import long_prompt
+from specdec.models.load import load_model
 
 
 def main() -> None:
@@ -31,7 +31,7 @@ def main() -> None:
     ids = torch.tensor(long_prompt(tokenizer, args.context))
     memory = PeakMemory(model.device)
     for chunk in (int(c) for c in args.chunks.split(",")):
-        specdec.lm.PREFILL_CHUNK = chunk
+        specdec.decode.lm.PREFILL_CHUNK = chunk
         lm = CausalLM(model)
         base = psutil.Process().memory_info().rss
         memory.reset()

@@ -21,8 +21,8 @@ import sys
 from pathlib import Path
 
 from specdec.cli import main as specdec
-from specdec.llama_server import LlamaServer
-from specdec.registry import gguf_file
+from specdec.external.llama_server import LlamaServer
+from specdec.models.registry import gguf_file
 
 
 def main() -> int:

@@ -80,7 +80,7 @@ def tiny_registry(monkeypatch, target):
     """Makes load_model serve tiny models by name: "tiny" (the target), "tiny-draft" (a draft
     that agrees with it often but not always), "other" (another vocabulary). transformers picks a tokenizer class by model type, so a tiny folder could not
     carry a word-level tokenizer; folder loading itself is tested in test_models.py."""
-    from specdec import models
+    from specdec.models import load as models
 
     # Fresh models (the session's target has the same weights, but may have been repacked by a
     # run already, and a repacked model cannot be made an int8 or restricted-head draft).
@@ -102,9 +102,9 @@ def tiny_registry(monkeypatch, target):
 
 @pytest.fixture(autouse=True)
 def private_advice(monkeypatch, tmp_path_factory):
-    """Saved advice (specdec.advice) goes to a fresh folder per test, never the user's cache; the
+    """Saved advice (specdec.tune.advice) goes to a fresh folder per test, never the user's cache; the
     converted real models stay where they are."""
-    from specdec import advice
+    from specdec.tune import advice
 
     folder = tmp_path_factory.mktemp("advice")
     monkeypatch.setattr(advice, "advice_dir", lambda: folder)

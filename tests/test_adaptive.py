@@ -1,21 +1,20 @@
-"""Adaptive k by the cost model (specdec.adaptive.PayRule): the rule itself against the cost
+"""Adaptive k by the cost model (specdec.proposers.policy.PayRule): the rule itself against the cost
 model's own arithmetic, and in the engine: lossless, and rounds of different lengths."""
 
 import json
 from pathlib import Path
 
 import pytest
-import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
 from specdec import DraftModel, generate
-from specdec.adaptive import PayRule
-from specdec.advice import Advice
-from specdec.build import Drafts, build_proposer
-from specdec.costmodel import Acceptance, Costs, cost_per_token
+from specdec.proposers.policy import PayRule
+from specdec.tune.advice import Advice
+from specdec.methods.build import Drafts, build_proposer
+from specdec.cost.model import Acceptance, Costs, cost_per_token
 from specdec.errors import SpecdecError
-from specdec.method import parse
+from specdec.methods.spec import parse
 
 from conftest import perturbed, tiny_model
 

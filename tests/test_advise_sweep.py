@@ -6,7 +6,7 @@ import json
 import pytest
 
 from specdec.cli import main
-from specdec.store import read_rows
+from specdec.bench.store import read_rows
 
 
 def write_prompts(tmp_path):
@@ -22,8 +22,8 @@ def test_advise_json_on_tiny_models(tiny_registry, tmp_path, capsys):
     sometimes."""
     from conftest import tiny_model
 
-    from specdec.costmodel import Acceptance
-    from specdec.method import parse
+    from specdec.cost.model import Acceptance
+    from specdec.methods.spec import parse
     from specdec.tune.advise import BANDWIDTH_BOUND, MIN_GAIN
 
     args = ["advise", "--target", "tiny", "--draft", "tiny-draft", "--dataset", str(write_prompts(tmp_path)),
@@ -174,7 +174,7 @@ def test_advise_with_random_weights_takes_saved_acceptance(tiny_registry, tmp_pa
 @pytest.mark.parametrize("name, params", [("qwen2.5-coder-0.5b-instruct", 494_032_768 + 151936 * 896),
                                           ("qwen2.5-coder-1.5b-instruct", 1_543_714_304 + 151936 * 1536)])
 def test_random_model_has_the_real_shapes(name, params):
-    from specdec.models import random_model
+    from specdec.models.load import random_model
 
     model = random_model(name, "bfloat16", device="meta")  # shapes only, nothing allocated
     assert sum(p.numel() for p in model.parameters()) == params

@@ -3,9 +3,9 @@ first i draft tokens, the same as serial decoding; the verifier judges draft[i] 
 
 import torch
 
-from specdec.lm import CausalLM
-from specdec.sampling import SamplingConfig
-from specdec.verify import verify_greedy, verify_sampling
+from specdec.decode.lm import CausalLM
+from specdec.decode.sampling import SamplingConfig
+from specdec.decode.verify import verify_greedy, verify_sampling
 
 PROMPT = [3, 14, 15, 9, 26]
 BLOCK = [53, 5, 8, 9]  # pending token, then three draft tokens
@@ -71,7 +71,8 @@ def test_real_block_through_the_verifier(target):
 def test_gqa_switch_is_on_for_cpu_models_and_blocks_still_match_serial_steps(target):
     import os
 
-    from specdec.lm import GQA_SWITCH, CausalLM
+    from specdec.decode.lm import CausalLM
+    from specdec.forward import GQA_SWITCH
 
     lm = CausalLM(target)
     assert os.environ.get(GQA_SWITCH) == "1"

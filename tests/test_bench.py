@@ -15,7 +15,7 @@ from tokenizers import Tokenizer, pre_tokenizers
 from tokenizers.models import WordLevel
 from transformers import PreTrainedTokenizerFast
 
-from specdec import datasets
+from specdec.prompts import datasets
 from specdec.bench.runner import EncodedPrompt, run_bench
 from specdec.bench.summary import (
     bootstrap_ci,
@@ -26,10 +26,10 @@ from specdec.bench.summary import (
     summarize,
 )
 from specdec.cli import main
-from specdec.datasets import Prompt, Selection, load_prompts, read_prompts, select
+from specdec.prompts.datasets import Prompt, Selection, load_prompts, read_prompts, select
 from specdec.errors import SpecdecError
-from specdec.method import Method
-from specdec.store import RESULTS, RowWriter, check_out_dir, read_rows
+from specdec.methods.spec import Method
+from specdec.bench.store import RESULTS, RowWriter, check_out_dir, read_rows
 
 WORDS = list("abcdefghijklmnopqrstuvwxyz")
 EOS = 56  # appears in the tiny target's greedy output for some prompts, so both finish reasons occur
@@ -222,7 +222,7 @@ def test_speedup_interval_is_the_bootstrap_distributions_percentiles():
 
 def test_position_acceptance_is_conditional_on_the_earlier_guesses():
     # (accepted, proposed) per round; the last proposed nothing (lookup without a match).
-    from specdec.stats import GenerationStats
+    from specdec.decode.stats import GenerationStats
 
     rounds = [(0, 3), (1, 3), (3, 3), (2, 2), (0, 0)]
     rows = []
@@ -357,7 +357,7 @@ def test_full_bench_on_tiny_models(tiny_pair, dataset, tmp_path, monkeypatch):
 
 def test_cat_option_runs_both_models_on_the_concatenating_cache(tiny_pair, dataset, tmp_path, monkeypatch):
     import specdec.bench.execute as execute
-    import specdec.build as build
+    import specdec.methods.build as build
 
     layouts = []
 
@@ -400,7 +400,7 @@ def test_resume_with_changed_config_is_refused(tiny_pair, dataset, tmp_path, cap
 def test_auto_method_runs_the_advised_method(tiny_pair, dataset, tmp_path, capsys):
     """`auto` is resolved once from the saved advice (or the device default), recorded in the
     configuration, and runs that method's proposer; its output is ar's."""
-    from specdec.advice import Advice, Choice, save_advice
+    from specdec.tune.advice import Advice, Choice, save_advice
     from specdec.cli import args as cli_args, build_parser
 
     out = tmp_path / "default"
@@ -496,7 +496,7 @@ def test_differences_from_hf_ar_are_explained_by_the_target_gap(tmp_path):
     """A row that parts from hf-ar's gets its first differing token and the target's gap there;
     an unexplained difference (no post-pass yet) and one that is not a tie are counted."""
     from specdec.bench.agreement import agreement, explain_differences, read_differences
-    from specdec.engine import generate
+    from specdec.decode.engine import generate
 
     target = tiny_model(3, vocab=16, layers=1, init=0.5)
     prompt = [1, 5, 9, 2]

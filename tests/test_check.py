@@ -3,8 +3,11 @@
 import pytest
 import torch
 
-from specdec import DraftModel, PromptLookup, check, conformance, engine, verify
-from specdec.hf import hf_greedy
+from specdec import DraftModel, PromptLookup
+from specdec.conform import check
+from specdec.conform import ties as conformance
+from specdec.decode import engine, verify
+from specdec.external.hf import hf_greedy
 from specdec.proposers import draft as draft_module
 
 from conftest import perturbed, tiny_model
@@ -107,7 +110,7 @@ def test_transformers_difference_off_a_tie_fails():
 
 
 def test_difference_kinds():
-    from specdec.conformance import Difference
+    from specdec.conform.ties import Difference
 
     assert Difference(0, 1, 2, 0.0, 0.5).kind == "exact tie"
     assert Difference(0, 1, 2, 0.125, 0.5).kind == "near-tie"

@@ -141,7 +141,7 @@ class InterruptingLookup:
 
 
 def test_ctrl_c_keeps_what_was_committed(target):
-    from specdec.engine import GenerationInterrupted
+    from specdec.decode.engine import GenerationInterrupted
 
     plain = generate(target, [1, 2, 3, 1, 2], max_new_tokens=20, eos_token_id=[]).new_tokens
     with pytest.raises(GenerationInterrupted) as caught:
@@ -153,7 +153,7 @@ def test_ctrl_c_keeps_what_was_committed(target):
 
 def test_ctrl_c_in_the_cli_prints_stats(capsys, tiny_registry, monkeypatch):
     from specdec.cli import generate as command
-    from specdec.method import parse
+    from specdec.methods.spec import parse
 
     monkeypatch.setattr(command, "load_proposer",
                         lambda args: (*tiny_registry["tiny"], parse("lookup"), InterruptingLookup()))
@@ -170,7 +170,7 @@ def auto_args(*extra):
 
 
 def advice_choosing(method: str, speedup: float):
-    from specdec.advice import Advice, Choice
+    from specdec.tune.advice import Advice, Choice
 
     return Advice(settings={"context": 512}, device="cpu", dtype="float32", c_target=0.3, verify={1: 0.3},
                   c_draft={}, calibration={}, proposers={}, choice=Choice(method, speedup))
@@ -193,8 +193,8 @@ def test_auto_is_the_default_and_uses_the_cpu_default_without_advice(capsys, tin
 
 
 def test_auto_follows_saved_advice(capsys, tiny_registry, tmp_path):
-    from specdec.advice import advice_path, save_advice
-    from specdec.models import resolve_dtype
+    from specdec.tune.advice import advice_path, save_advice
+    from specdec.models.load import resolve_dtype
 
     setup = setup_of(auto_args())
     save_advice(setup, advice_choosing("ar", 1.0))
@@ -216,7 +216,7 @@ def test_auto_follows_saved_advice(capsys, tiny_registry, tmp_path):
 
 
 def test_advice_saved_before_version_2_still_chooses(capsys, tiny_registry):
-    from specdec.advice import advice_path
+    from specdec.tune.advice import advice_path
 
     setup = setup_of(auto_args())
     advice_path(setup).parent.mkdir(parents=True, exist_ok=True)
@@ -227,8 +227,8 @@ def test_advice_saved_before_version_2_still_chooses(capsys, tiny_registry):
 
 
 def test_advise_saves_advice_for_auto(capsys, tiny_registry, tmp_path):
-    from specdec.advice import Advice, advice_path
-    from specdec.method import parse
+    from specdec.tune.advice import Advice, advice_path
+    from specdec.methods.spec import parse
 
     prompts = tmp_path / "calib.jsonl"
     prompts.write_text(json.dumps({"prompt": "w1 w2 w3 w1 w2 w3"}) + "\n")

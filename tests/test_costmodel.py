@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from specdec.costmodel import (
+from specdec.cost.model import (
     Acceptance,
     Costs,
     break_even_alpha,

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from specdec import DraftModel
-from specdec.draft_head import HEAD_IDS, bundled_text_tokens, frequent_tokens, restrict_head
+from specdec.models.draft_head import HEAD_IDS, bundled_text_tokens, frequent_tokens, restrict_head
 from specdec.errors import SpecdecError
-from specdec.quantize import int8_draft
+from specdec.models.draft_quant import int8_draft
 
 from conftest import tiny_model, word_tokenizer
 

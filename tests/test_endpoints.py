@@ -1,4 +1,4 @@
-"""specdec.endpoints and bench/check against OpenAI-compatible servers, without real models: the
+"""specdec.external.endpoints and bench/check against OpenAI-compatible servers, without real models: the
 --endpoint grammar, vLLM's /metrics counters (a recorded text in its exposition format), the
 streamed layouts, the export's keys, and every failure the bench must survive (a tiny local server
 that misbehaves on purpose, tests/fake_openai.py). The real llama.cpp server: test_serving.py."""
@@ -13,19 +13,19 @@ import pytest
 from conftest import word_tokenizer
 from fake_openai import FakeServer, completion_ids, expected_counters
 
-from specdec import models
-from specdec.advice import Advice
+from specdec.models import load as models
+from specdec.tune.advice import Advice
 from specdec.bench.served import position_rates, server_acceptance
 from specdec.cli import main
-from specdec.endpoint_check import compare
-from specdec.endpoints.metrics import SpecCounters, has_spec_counters, parse_counters
-from specdec.endpoints.spec import parse_endpoint
-from specdec.endpoints.stream import Request, Streamed, complete
+from specdec.conform.endpoints import compare
+from specdec.external.endpoints.metrics import SpecCounters, has_spec_counters, parse_counters
+from specdec.external.endpoints.spec import parse_endpoint
+from specdec.external.endpoints.stream import Request, Streamed, complete
 from specdec.errors import SpecdecError
-from specdec.export import export
-from specdec.llama_server import free_port
-from specdec.method import parse
-from specdec.store import read_rows
+from specdec.tune.export import export
+from specdec.external.llama_server import free_port
+from specdec.methods.spec import parse
+from specdec.bench.store import read_rows
 
 DATA = Path(__file__).parent / "data"
 ADVICE = Path(__file__).parent.parent / "docs" / "advise" / "humaneval-int8.json"
@@ -201,7 +201,7 @@ def test_advise_exports_from_a_saved_record_without_measuring(capsys, tmp_path):
 def _advised(advice: Advice, method: str) -> Advice:
     from dataclasses import replace
 
-    from specdec.advice import Choice
+    from specdec.tune.advice import Choice
 
     return replace(advice, choice=Choice(method, 1.3))
 

@@ -7,8 +7,8 @@ import torch
 
 import specdec
 from specdec import DraftModel, Hybrid, PromptLookup, generate
-from specdec.draft_head import restrict_head
-from specdec.quantize import int8_draft
+from specdec.models.draft_head import restrict_head
+from specdec.models.draft_quant import int8_draft
 
 from conftest import perturbed, tiny_model
 
@@ -78,13 +78,13 @@ def test_speculative_greedy_equals_plain(seeded, k):
 
 
 def test_prompt_in_blocks_and_either_cache_layout_give_the_same_tokens(seeded, monkeypatch):
-    """Both the prefill's chunking (specdec.lm.PREFILL_CHUNK) and the cache layout are plumbing:
+    """Both the prefill's chunking (specdec.decode.lm.PREFILL_CHUNK) and the cache layout are plumbing:
     the tokens stay the target's own."""
-    import specdec.lm
-    from specdec.lm import CausalLM
+    import specdec.decode.lm
+    from specdec.decode.lm import CausalLM
 
     target, draft, prompt, plain = seeded
-    monkeypatch.setattr(specdec.lm, "PREFILL_CHUNK", 4)
+    monkeypatch.setattr(specdec.decode.lm, "PREFILL_CHUNK", 4)
     blocks = -(-len(prompt) // 4)
     for name, drafter in drafters(draft, target, 3).items():
         out = generate(target, prompt, drafter=drafter, max_new_tokens=40, eos_token_id=[], check=True)
@@ -191,7 +191,7 @@ def test_position_acceptance_is_conditional():
     """Rounds (proposed, accepted): (3,3), (3,0), (3,1), (2,2). Guess 1 is judged in all 4
     rounds, accepted in 3; guess 2 only in the 3 rounds that accepted guess 1, accepted in 2;
     guess 3 only in round 1 (round 3 stopped at guess 2, round 4 proposed 2), accepted there."""
-    from specdec.stats import GenerationStats
+    from specdec.decode.stats import GenerationStats
 
     s = GenerationStats()
     for proposed, accepted in [(3, 3), (3, 0), (3, 1), (2, 2)]:

@@ -17,9 +17,9 @@ from torch.overrides import TorchFunctionMode
 
 import specdec
 from specdec import DraftModel, generate
-from specdec.draft_head import restrict_head
-from specdec.sampling import draw
-from specdec.sampling import _invert
+from specdec.models.draft_head import restrict_head
+from specdec.decode.sampling import draw
+from specdec.decode.sampling import _invert
 
 from specdec.forward import prepare
 
@@ -130,7 +130,7 @@ def test_draw_never_returns_a_zero_weight_index():
 def test_draw_follows_the_weights():
     """Chi-square over 40000 draws from weights that span several blocks (unnormalised, with
     zeros and a small mass): p-value > 1e-4 (a fixed seed; a false alarm has probability 1e-4)."""
-    from specdec.check import chi2_pvalue
+    from specdec.conform.check import chi2_pvalue
 
     gen = torch.Generator().manual_seed(7)
     weights = torch.zeros(3000)

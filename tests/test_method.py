@@ -1,12 +1,12 @@
-"""Method specs (specdec.method): one grammar, checked once; and the one builder (specdec.build)."""
+"""Method specs (specdec.methods.spec): one grammar, checked once; and the one builder (specdec.methods.build)."""
 
 import pytest
 import torch
 
 from specdec import DraftModel, Hybrid, PromptLookup, TreeDraft
-from specdec.build import Drafts, build_proposer
+from specdec.methods.build import Drafts, build_proposer
 from specdec.errors import SpecdecError
-from specdec.method import DEFAULT_K, Method, legacy, parse, parse_list, resolve_auto
+from specdec.methods.spec import DEFAULT_K, Method, legacy, parse, parse_list, resolve_auto
 
 from conftest import tiny_model
 

@@ -1,4 +1,4 @@
-"""Tests for specdec.models: fast ones on fake pieces and tiny random models, `real` ones on SmolLM2/Qwen."""
+"""Tests for specdec.models.load: fast ones on fake pieces and tiny random models, `real` ones on SmolLM2/Qwen."""
 
 import hashlib
 import json
@@ -13,10 +13,11 @@ from tokenizers import Tokenizer, pre_tokenizers
 from tokenizers.models import WordLevel
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
-from specdec import models, registry
+from specdec.models import load as models
+from specdec.models import registry
 from specdec.errors import SpecdecError
-from specdec.models import check_same_vocab, load_model
-from specdec.registry import ModelSpec
+from specdec.models.load import check_same_vocab, load_model
+from specdec.models.registry import ModelSpec
 
 
 @pytest.fixture
@@ -296,7 +297,8 @@ def test_smollm2_converts_once_then_loads_from_cache(cache, monkeypatch):
 ])
 def test_auto_dtype_follows_native_bf16_on_either_kind_of_cpu(monkeypatch, flags, capability, expected):
     """Both kinds of machine, wherever the suite runs: the CPU flags are faked."""
-    from specdec import machine, models
+    from specdec import machine
+    from specdec.models import load as models
 
     monkeypatch.setattr(machine, "cpu_flags", lambda: flags)
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)

@@ -1,4 +1,4 @@
-"""Quantized models (specdec.quant.cache, load_model(quant=...)), their cache, the options that
+"""Quantized models (specdec.models.quant_cache, load_model(quant=...)), their cache, the options that
 name them, and the llama.cpp bench method: greedy speculation on an int4 target is token-exact
 against plain decoding of the same int4 target; a conversion is written once, published whole,
 reused, and a partial or foreign one is never used; bad options are one-line errors.
@@ -8,7 +8,6 @@ the real 135M model, whose GGUF is Q4_1: every linear layer of it maps exactly o
 
 from __future__ import annotations
 
-import copy
 import importlib.util
 import json
 
@@ -20,11 +19,11 @@ from specdec import DraftModel, PromptLookup, generate
 from specdec.errors import SpecdecError
 from specdec.forward import block_invariant
 from specdec.forward.linear import QuantLinear, SharedInputPart
-from specdec.quant import cache as qcache
-from specdec.quant.cache import cached, is_complete, quantize_model
-from specdec.quant import model as qmodel
-from specdec.quant.model import FORMAT, quantize_weights
-from specdec.quantize import quantize_draft
+from specdec.models import quant_cache as qcache
+from specdec.models.quant_cache import cached, is_complete, quantize_model
+from specdec.models import quantized as qmodel
+from specdec.models.quantized import FORMAT, quantize_weights
+from specdec.models.draft_quant import quantize_draft
 
 PROMPT = [3, 17, 42, 5, 9, 11, 3, 17, 42]
 SMOL = "smollm2-135m-instruct"
@@ -116,7 +115,7 @@ def test_a_partial_or_foreign_cache_is_converted_again_and_a_damaged_one_refused
     ({"quant": "int8", "device": "cuda"}, "CPU kernels"),
 ])
 def test_bad_quantization_options_are_one_line_errors(kwargs, message):
-    from specdec.models import load_model
+    from specdec.models.load import load_model
 
     with pytest.raises(SpecdecError, match=message):
         load_model("no-such-model", "float32", **kwargs)
@@ -165,7 +164,7 @@ def smol_cache(tmp_path, monkeypatch):
 @pytest.mark.real
 @needs_smol
 def test_smollm2_int4_from_its_gguf_is_cached_and_speculation_stays_exact(smol_cache, monkeypatch):
-    from specdec.models import load_model
+    from specdec.models.load import load_model
 
     target, tokenizer = load_model(SMOL, "float32", quant="int4")
     folder = smol_cache / f"{SMOL}-int4-g32"

@@ -7,10 +7,10 @@ same rounding questions). No tolerance: the target's forward is block-invariant
 import pytest
 
 from specdec import DraftModel, PromptLookup, TreeDraft, generate
-from specdec.conformance import first_difference
+from specdec.conform.ties import first_difference
 from specdec.errors import SpecdecError
-from specdec.models import DEFAULT_DRAFT, DEFAULT_TARGET, check_same_vocab, load_model
-from specdec.prompts import encode_prompt
+from specdec.models.load import DEFAULT_DRAFT, DEFAULT_TARGET, check_same_vocab, load_model
+from specdec.prompts.chat import encode_prompt
 
 pytestmark = pytest.mark.real
 
@@ -58,7 +58,7 @@ def test_qwen_target_logits_are_the_same_alone_and_in_any_block(qwen):
     row here differed in bf16 (greedy outputs then parted at HumanEval/2 and /9)."""
     import torch
 
-    from specdec.lm import CausalLM
+    from specdec.decode.lm import CausalLM
 
     target, tok, _ = qwen
     lm = CausalLM(target)
@@ -82,8 +82,8 @@ def test_qwen_pair_shares_vocab_and_smollm2_does_not(qwen):
 def test_qwen_cheaper_draft_equals_plain(qwen):
     """The draft restricted to the 32768 ids most frequent in the bundled text, with int8
     layers: its guesses still only propose, the output is the target's."""
-    from specdec.build import Drafts
-    from specdec.draft_head import HEAD_IDS
+    from specdec.methods.build import Drafts
+    from specdec.models.draft_head import HEAD_IDS
 
     target, tok, _ = qwen
     # A fresh copy: the fixture's draft was repacked by its first generation, and int8 layers or a
@@ -113,7 +113,7 @@ def long_run(model, tok, drafters: dict, n: int) -> None:
     the KV caches' expected growth plus a margin for allocator slack."""
     import psutil
 
-    from specdec.costmodel import kv_cache_bytes_for_config
+    from specdec.cost.model import kv_cache_bytes_for_config
 
     prompt = encode_prompt(tok, "Tell a long story about a lighthouse keeper and a storm.")
     plain = generate(model, prompt, max_new_tokens=n, eos_token_id=[]).new_tokens

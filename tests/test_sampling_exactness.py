@@ -9,18 +9,18 @@ rule (about 30 tests here, so a false alarm has probability < 0.3% and the seeds
 a known-wrong rule (resampling from p instead of the residual) must reach p-value < 1e-6.
 """
 
-import copy
 from collections import Counter
 
 import pytest
 import torch
 
-from specdec import DraftModel, Hybrid, PromptLookup, generate, verify
-from specdec.adaptive import PayRule
-from specdec.check import chi2_pvalue, exact_joint, sampling_pvalues
-from specdec.draft_head import restrict_head
-from specdec.quantize import int8_draft
-from specdec.sampling import SamplingConfig, probs
+from specdec import DraftModel, Hybrid, PromptLookup, generate
+from specdec.decode import verify
+from specdec.proposers.policy import PayRule
+from specdec.conform.check import chi2_pvalue, exact_joint, sampling_pvalues
+from specdec.models.draft_head import restrict_head
+from specdec.models.draft_quant import int8_draft
+from specdec.decode.sampling import SamplingConfig, probs
 
 from conftest import perturbed, tiny_model
 
@@ -88,7 +88,7 @@ def test_adaptive_k_sampling_matches_target(pair):
 
 
 def test_pay_rule_sampling_matches_target(pair):
-    # Costs under which the rule stops after 1, 2 or 3 guesses depending on q (specdec.adaptive):
+    # Costs under which the rule stops after 1, 2 or 3 guesses depending on q (specdec.proposers.policy):
     # first rounds of 1, 2 and 3 guesses in 85, 20 and 95 of seeds 0..199.
     target, draft = pair
     rule = PayRule(0.05, (1.0, 1.0, 1.05, 1.1))

@@ -14,13 +14,13 @@ from dataclasses import replace
 import httpx
 import pytest
 
-from specdec.advice import Advice, Choice
+from specdec.tune.advice import Advice, Choice
 from specdec.cli import main
-from specdec.export import export
-from specdec.llama_server import LlamaServer
-from specdec.models import load_tokenizer
-from specdec.registry import gguf_file
-from specdec.store import read_rows
+from specdec.tune.export import export
+from specdec.external.llama_server import LlamaServer
+from specdec.models.load import load_tokenizer
+from specdec.models.registry import gguf_file
+from specdec.bench.store import read_rows
 from test_endpoints import ADVICE
 
 pytestmark = pytest.mark.real

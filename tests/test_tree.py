@@ -11,11 +11,12 @@ from collections import Counter
 import pytest
 import torch
 
-from specdec import DraftModel, TreeDraft, engine, generate, verify_tree
-from specdec.check import chi2_pvalue
-from specdec.lm import CausalLM
-from specdec.proposers.base import Proposal
-from specdec.sampling import SamplingConfig, probs
+from specdec import DraftModel, TreeDraft, generate
+from specdec.decode import engine, verify_tree
+from specdec.conform.check import chi2_pvalue
+from specdec.decode.lm import CausalLM
+from specdec.decode.proposal import Proposal
+from specdec.decode.sampling import SamplingConfig, probs
 
 from conftest import perturbed, tiny_model
 from test_sampling_exactness import CAUGHT, CONFIGS, PASS, make_pair, pvalues

@@ -4,8 +4,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specdec.sampling import SamplingConfig, probs
-from specdec.verify import verify_greedy, verify_sampling
+from specdec.decode.sampling import SamplingConfig, probs
+from specdec.decode.verify import verify_greedy, verify_sampling
 
 V = 12
 

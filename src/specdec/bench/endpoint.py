@@ -23,12 +23,13 @@ from pathlib import Path
 
 import httpx
 
-from ..endpoint_check import DEFAULT_TOLERANCE, TOP_LOGPROBS, compare
-from ..endpoints.metrics import SpecCounters, parse_counters
-from ..endpoints.spec import Endpoint, Served, get, probe
-from ..endpoints.stream import Request, Streamed, complete
-from ..method import Method, parse
-from ..store import read_rows, write_json_atomic
+from ..conform.endpoints import DEFAULT_TOLERANCE, TOP_LOGPROBS, compare
+from ..external.endpoints.metrics import SpecCounters, parse_counters
+from ..external.endpoints.spec import Endpoint, Served, get, probe
+from ..external.endpoints.stream import Request, Streamed, complete
+from ..methods.spec import Method, parse
+from ..files import write_json_atomic
+from .store import read_rows
 from .agreement import DIFFERENCES, read_differences, row_key
 from .execute import WARMUP_TOKENS
 from .equality import same_output

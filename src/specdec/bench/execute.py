@@ -21,17 +21,17 @@ import torch
 from transformers import GenerationConfig, PreTrainedModel
 from transformers.generation import BaseStreamer
 
-from .. import llamacpp
-from ..advice import Advice
-from ..build import Drafts, build_proposer
-from ..engine import generate
+from ..external import llamacpp
+from ..tune.advice import Advice
+from ..methods.build import Drafts, build_proposer
+from ..decode.engine import generate
 from ..errors import SpecdecError
 from ..forward import is_prepared
-from ..hf import generation_config
-from ..lm import CausalLM
+from ..external.hf import generation_config
+from ..decode.lm import CausalLM
 from ..machine import PeakMemory, synchronize
-from ..method import Method
-from ..sampling import SamplingConfig
+from ..methods.spec import Method
+from ..decode.sampling import SamplingConfig
 
 # Tokens of the discarded warm-up generation: enough to run prefill and a few rounds of every
 # code path (first calls pay for allocation and thread start-up), short enough to cost little.
@@ -81,7 +81,7 @@ class Executor:
         llama_methods = [m for m in resolved if m.is_llamacpp]
         if llama_methods:
             check_llamacpp(llama_methods, self.target_name, self.settings.sampling)
-            from ..registry import gguf_file
+            from ..models.registry import gguf_file
 
             gguf = gguf_file(self.target_name)
             for m in llama_methods:
@@ -202,7 +202,7 @@ class Executor:
 
 def check_llamacpp(methods: list[Method], target_name: str | None, sampling: SamplingConfig) -> None:
     """One-line errors for llama.cpp methods it cannot run here (checked before models load)."""
-    from ..registry import REGISTRY
+    from ..models.registry import REGISTRY
 
     if not methods:
         return

@@ -13,8 +13,9 @@ from matplotlib.figure import Figure
 from ..errors import SpecdecError
 
 from ..fmt import ms, num, pct, table
-from ..stats import DECODE_PHASES
-from ..store import CONFIG, RESULTS, SUMMARY, read_json, read_rows, write_atomic, write_json_atomic, write_text_atomic
+from ..decode.stats import DECODE_PHASES
+from ..files import read_json, write_atomic, write_json_atomic, write_text_atomic
+from .store import CONFIG, RESULTS, SUMMARY, read_rows
 from .agreement import read_differences
 from .summary import summarize
 

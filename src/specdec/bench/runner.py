@@ -14,9 +14,9 @@ from typing import Protocol
 
 from tqdm import tqdm
 
-from ..datasets import Prompt
-from ..method import Method
-from ..store import RowWriter, read_rows
+from ..prompts.datasets import Prompt
+from ..methods.spec import Method
+from .store import RowWriter, read_rows
 
 
 class Executes(Protocol):

@@ -10,10 +10,10 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ..costmodel import Acceptance, Costs, prediction_error, predicted_speedup
+from ..cost.model import Acceptance, Costs, prediction_error, predicted_speedup
 from .served import server_acceptance
-from ..method import Method, legacy, parse
-from ..stats import DECODE_PHASES
+from ..methods.spec import Method, legacy, parse
+from ..decode.stats import DECODE_PHASES
 from .agreement import REFERENCE, agreement
 from .equality import greedy_equality
 

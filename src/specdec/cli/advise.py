@@ -6,11 +6,10 @@ import argparse
 import json
 import sys
 from dataclasses import replace
-from pathlib import Path
 
 from ..errors import SpecdecError
-from ..export import ENGINES
-from ..advice import Advice
+from ..tune.export import ENGINES
+from ..tune.advice import Advice
 from ..tune.advise import AdviseSettings
 from .args import (add_model_args, add_settings, at_least_one, draft_flags, load_target, options, quant_record,
                    settings_of, setup_of)
@@ -45,12 +44,12 @@ def register(sub: argparse._SubParsersAction) -> None:
 def cmd_advise(args: argparse.Namespace) -> int:
     import torch
 
-    from ..advice import save_advice
-    from ..datasets import Selection, load_prompts
-    from ..lm import logit_width
+    from ..tune.advice import save_advice
+    from ..prompts.datasets import Selection, load_prompts
+    from ..models.load import logit_width
     from ..machine import environment
-    from ..models import resolve_dtype
-    from ..prompts import encode_prompt
+    from ..models.load import resolve_dtype
+    from ..prompts.chat import encode_prompt
     from ..tune.advise import candidates, run_advise
     from ..tune.render import render
 
@@ -92,7 +91,7 @@ def cmd_advise(args: argparse.Namespace) -> int:
 
 
 def _print_export(advice, args: argparse.Namespace) -> int:
-    from ..export import export
+    from ..tune.export import export
 
     target, draft = (_engine_file(name, args.export) for name in (args.target, args.draft))
     out = export(advice, args.export, target, draft)
@@ -103,7 +102,7 @@ def _print_export(advice, args: argparse.Namespace) -> int:
 def _engine_file(name: str, engine: str) -> str:
     """What the engine loads for a registry name or a folder: llama.cpp a GGUF file, vLLM a
     Hugging Face folder (a registry model's converted safetensors folder in the cache)."""
-    from ..registry import REGISTRY, converted_folder, gguf_file
+    from ..models.registry import REGISTRY, converted_folder, gguf_file
 
     if name in REGISTRY:
         return str(gguf_file(name) if engine == "llamacpp" else converted_folder(REGISTRY[name]))
@@ -119,12 +118,12 @@ def _load(args: argparse.Namespace, families):
 
 def _load_random(args: argparse.Namespace):
     """Random-weight models of the target's and the draft's shapes, and no tokenizer."""
-    from ..build import Drafts
-    from ..models import random_model
+    from ..methods.build import Drafts
+    from ..models.load import random_model
 
     if args.draft_vocab:
         raise SpecdecError("--draft-vocab counts token frequencies with the tokenizer: not with --random-weights")
-    from ..quant.cache import quantize_model
+    from ..models.quant_cache import quantize_model
 
     # Rounded, not from the GGUF: a random model's costs do not depend on the weights' values.
     target = quantize_model(random_model(args.target, args.dtype, args.device), None, args.target_quant,

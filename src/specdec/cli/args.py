@@ -14,13 +14,13 @@ import dataclasses
 import sys
 
 from ..errors import SpecdecError
-from ..method import KINDS, Flags, Method, parse, resolve_auto
+from ..methods.spec import KINDS, Flags, Method, parse, resolve_auto
 from ..quant import MODES
 
 
 def add_model_args(p: argparse.ArgumentParser, draft_help: str = "draft model of draft and hybrid methods") -> None:
     """The target, the draft and how to load them."""
-    from ..models import DEFAULT_DRAFT, DEFAULT_TARGET, DTYPES
+    from ..models.load import DEFAULT_DRAFT, DEFAULT_TARGET, DTYPES
 
     p.add_argument("--target", default=DEFAULT_TARGET, help="registry name or local HF model folder")
     p.add_argument("--draft", default=DEFAULT_DRAFT, help=draft_help)
@@ -84,14 +84,14 @@ def draft_flags(args: argparse.Namespace) -> Flags:
 
 def quant_record(args: argparse.Namespace) -> dict:
     """How the target's weights are quantized, for configs and advice (machine.environment)."""
-    from ..quant.cache import describe
+    from ..models.quant_cache import describe
 
     return {"target": describe(args.target_quant, args.quant_group), "group": args.quant_group}
 
 
 def load_target(args: argparse.Namespace):
     """The target of --target, quantized as --target-quant says, and its tokenizer."""
-    from ..models import load_model
+    from ..models.load import load_model
 
     return load_model(args.target, args.dtype, args.device, args.trust_remote_code, args.target_quant,
                       args.quant_group)
@@ -116,7 +116,7 @@ def method_of(args: argparse.Namespace) -> Method:
 
 def setup_of(args: argparse.Namespace, vocab: int | None):
     """What saved advice is keyed by, for these arguments (specdec.advice.Setup)."""
-    from ..advice import Setup
+    from ..tune.advice import Setup
 
     quant = quant_record(args)["target"]
     target = args.target if quant == "none" else f"{args.target} ({quant})"
@@ -126,7 +126,7 @@ def setup_of(args: argparse.Namespace, vocab: int | None):
 def resolve(args: argparse.Namespace, method: Method) -> tuple[Method, str | None]:
     """`auto` replaced by what the saved advice (or the device default) chose, with auto's own
     options where that method takes them; and a line saying so (None for other methods)."""
-    from ..advice import choose
+    from ..tune.advice import choose
 
     if method.kind != "auto":
         return method, None
@@ -138,7 +138,7 @@ def resolve(args: argparse.Namespace, method: Method) -> tuple[Method, str | Non
 
 
 def load_advice(path: str | None):
-    from ..advice import Advice
+    from ..tune.advice import Advice
 
     return Advice.load(path) if path else None
 
@@ -146,8 +146,8 @@ def load_advice(path: str | None):
 def load_drafts(args: argparse.Namespace, target, tokenizer, methods: list[Method], reuse_caches: bool = False):
     """The draft of --draft, checked against the target's vocabulary, with the variants the
     methods run built (specdec.build.Drafts); no model is loaded when no method runs a draft."""
-    from ..build import Drafts
-    from ..models import check_same_vocab, load_model
+    from ..methods.build import Drafts
+    from ..models.load import check_same_vocab, load_model
 
     if not any(m.uses_draft for m in methods):
         return Drafts(None)
@@ -163,7 +163,7 @@ def load_drafts(args: argparse.Namespace, target, tokenizer, methods: list[Metho
 def load_proposer(args: argparse.Namespace):
     """Target, tokenizer, the method --proposer names (auto resolved) and its proposer (None:
     plain decoding). generate and check run this."""
-    from ..build import build_proposer, check_specdec
+    from ..methods.build import build_proposer, check_specdec
 
     method, said = resolve(args, method_of(args))
     check_specdec(method)  # before the models load (slow)

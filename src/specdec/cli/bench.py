@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from ..errors import SpecdecError
-from ..method import KINDS, Method
+from ..methods.spec import KINDS, Method
 from .args import (add_model_args, add_sampling_args, at_least_one, draft_flags, load_advice, load_drafts, load_target,
                    quant_record, resolve)
 
@@ -71,14 +71,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from ..bench.execute import Executor, RunSettings, check_llamacpp
     from ..bench.report import REPORT, report_folder
     from ..bench.runner import EncodedPrompt, run_bench
-    from ..datasets import Selection, load_prompts
-    from ..engine import eos_token_ids
+    from ..prompts.datasets import Selection, load_prompts
+    from ..decode.engine import eos_token_ids
     from ..machine import PeakMemory
-    from ..method import parse, parse_list
-    from ..models import load_tokenizer
-    from ..prompts import encode_prompt
-    from ..sampling import SamplingConfig
-    from ..store import RESULTS, check_out_dir, read_rows
+    from ..methods.spec import parse, parse_list
+    from ..models.load import load_tokenizer
+    from ..prompts.chat import encode_prompt
+    from ..decode.sampling import SamplingConfig
+    from ..bench.store import RESULTS, check_out_dir, read_rows
 
     text = args.methods if args.methods is not None else "" if args.endpoint else DEFAULT_METHODS
     local = parse_list(text, {**draft_flags(args), "ngram": ("--max-ngram", args.max_ngram)}) if text else []
@@ -141,7 +141,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def bench_endpoints(args: argparse.Namespace, local: list[Method], sampling) -> tuple[list, str | None]:
     """The --endpoint servers and the label of the --baseline one, with one-line errors for
     what cannot be measured fairly."""
-    from ..endpoints.spec import parse_endpoints
+    from ..external.endpoints.spec import parse_endpoints
 
     endpoints = parse_endpoints(args.endpoint)
     if not endpoints and not local:
@@ -165,7 +165,7 @@ def bench_endpoints(args: argparse.Namespace, local: list[Method], sampling) -> 
 
 def cmd_report(args: argparse.Namespace) -> int:
     from ..bench.report import REPORT, report_folder
-    from ..store import CONFIG
+    from ..bench.store import CONFIG
 
     out = Path(args.dir)
     if not (out / CONFIG).is_file():
@@ -182,9 +182,9 @@ def bench_config(args: argparse.Namespace, methods: list[Method], prompts, datas
                  auto: Method | None = None) -> dict:
     """Everything that makes two runs' rows comparable; --resume refuses a folder whose config
     differs (but for when it started: store.VOLATILE)."""
-    from ..datasets import file_sha256
+    from ..prompts.datasets import file_sha256
     from ..machine import KINDS, environment
-    from ..models import resolve_dtype
+    from ..models.load import resolve_dtype
     from ..bench.execute import WARMUP_TOKENS
 
     labels = [m.label for m in methods]

@@ -8,7 +8,7 @@ import sys
 import time
 
 from ..errors import SpecdecError
-from ..check import CheckPlan
+from ..conform.check import CheckPlan
 from .args import add_method_args, add_model_args, add_settings, load_proposer, method_of, quant_record, settings_of
 
 
@@ -35,10 +35,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 def cmd_check(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from .. import check
-    from ..engine import eos_token_ids
-    from ..hf import hf_greedy
-    from ..prompts import encode_prompt
+    from ..conform import check
+    from ..decode.engine import eos_token_ids
+    from ..external.hf import hf_greedy
+    from ..prompts.chat import encode_prompt
 
     if args.endpoint or args.reference:
         return cmd_check_endpoint(args)
@@ -86,11 +86,11 @@ def cmd_check_endpoint(args: argparse.Namespace) -> int:
     import httpx
     from tqdm import tqdm
 
-    from .. import endpoint_check
-    from ..check import GREEDY_PROMPTS
-    from ..endpoints.spec import COMPLETIONS, parse_endpoints
-    from ..models import load_tokenizer
-    from ..prompts import encode_prompt
+    from ..conform import endpoints as endpoint_check
+    from ..conform.check import GREEDY_PROMPTS
+    from ..external.endpoints.spec import COMPLETIONS, parse_endpoints
+    from ..models.load import load_tokenizer
+    from ..prompts.chat import encode_prompt
 
     if not (args.endpoint and args.reference):
         raise SpecdecError("check a server with both --endpoint NAME=URL and --reference NAME=URL")

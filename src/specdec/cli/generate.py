@@ -27,9 +27,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from ..engine import GenerationInterrupted, generate
-    from ..lm import CausalLM
-    from ..prompts import encode_prompt, require_text
+    from ..decode.engine import GenerationInterrupted, generate
+    from ..decode.lm import CausalLM
+    from ..prompts.chat import encode_prompt, require_text
     from .stream import Streamer
 
     text = require_text(_prompt_text(args))

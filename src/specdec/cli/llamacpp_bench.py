@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..llamacpp import Generation, generate, load
+from ..external.llamacpp import Generation, generate, load
 
 if TYPE_CHECKING:
     from llama_cpp import Llama
@@ -21,7 +21,7 @@ def _hf_side(name: str):
     stopping exactly as specdec's benchmark does."""
     from transformers import AutoTokenizer, GenerationConfig
 
-    from ..registry import REGISTRY, converted_folder
+    from ..models.registry import REGISTRY, converted_folder
 
     folder = converted_folder(REGISTRY[name])
     eos = GenerationConfig.from_pretrained(folder).eos_token_id
@@ -51,11 +51,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     import json
     import statistics
 
-    from ..datasets import Selection, load_prompts
+    from ..prompts.datasets import Selection, load_prompts
     from ..bench.execute import WARMUP_TOKENS
     from ..machine import load_average
-    from ..registry import DEFAULT_TARGET, gguf_file
-    from ..prompts import encode_prompt
+    from ..models.registry import DEFAULT_TARGET, gguf_file
+    from ..prompts.chat import encode_prompt
 
     parser = argparse.ArgumentParser(prog="python -m specdec.cli.llamacpp_bench")
     parser.add_argument("--model", default=DEFAULT_TARGET)

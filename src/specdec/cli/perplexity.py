@@ -24,7 +24,7 @@ ENGINES = ("llamacpp", *MODES)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from ..models import DEFAULT_TARGET, DTYPES
+    from ..models.load import DEFAULT_TARGET, DTYPES
 
     p = sub.add_parser("perplexity", help="perplexity of llama.cpp and of the bf16/int8/int4 target on the same text",
                        description=__doc__.split("\n\n")[1])
@@ -49,8 +49,8 @@ def cmd_perplexity(args: argparse.Namespace) -> int:
     at_least_one(args, "tokens", "window", "stride")
     if "llamacpp" in engines:
         from ..bench.execute import check_llamacpp
-        from ..method import Method
-        from ..sampling import SamplingConfig
+        from ..methods.spec import Method
+        from ..decode.sampling import SamplingConfig
 
         check_llamacpp([Method("llamacpp")], args.target, SamplingConfig())
     ids = article_ids(args.target, args.tokens)
@@ -64,8 +64,8 @@ def article_ids(target: str, tokens: int) -> list[int]:
     """The leading `tokens` token ids of the bundled news articles, by the target's tokenizer."""
     from transformers import AutoTokenizer
 
-    from ..longprompt import articles
-    from ..registry import REGISTRY, converted_folder
+    from ..prompts.long import articles
+    from ..models.registry import REGISTRY, converted_folder
 
     folder = converted_folder(REGISTRY[target]) if target in REGISTRY else target
     tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
@@ -74,13 +74,13 @@ def article_ids(target: str, tokens: int) -> list[int]:
 
 def score(engine: str, ids: list[int], args: argparse.Namespace) -> dict:
     """One engine's NLL over the windows, printed as a JSON line and returned."""
-    from .. import llamacpp
+    from ..external import llamacpp
     from ..machine import load_average
-    from ..models import load_model, resolve_dtype
+    from ..models.load import load_model, resolve_dtype
 
     start = time.perf_counter()
     if engine == "llamacpp":
-        from ..registry import gguf_file
+        from ..models.registry import gguf_file
 
         llm = llamacpp.load(gguf_file(args.target), n_ctx=args.window, n_threads=args.threads, logits_all=True)
         result = llamacpp.nll(llm, ids, args.window, args.stride, progress=True)

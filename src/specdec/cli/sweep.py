@@ -35,9 +35,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from ..machine import environment
-    from ..method import parse_list
-    from ..models import resolve_dtype
-    from ..store import RowWriter, check_out_dir, read_rows
+    from ..methods.spec import parse_list
+    from ..models.load import resolve_dtype
+    from ..bench.store import RowWriter, check_out_dir, read_rows
     from ..tune.sweep import check_methods, sweep_context
 
     methods = parse_list(args.methods, draft_flags(args))
@@ -75,7 +75,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 def write_sweep_report(out: Path) -> None:
     """sweep.json, sweep.md (table) and sweep.png from the folder's rows, in context order."""
-    from ..store import read_rows, write_atomic, write_json_atomic, write_text_atomic
+    from ..bench.store import read_rows
+    from ..files import write_atomic, write_json_atomic, write_text_atomic
     from ..tune.sweep import plot, render_table
 
     rows = sorted(read_rows(out), key=lambda r: r["context"])

@@ -14,6 +14,7 @@ The model keeps its transformers classes and stays usable by transformers' own `
 from __future__ import annotations
 
 import copy
+import os
 
 import torch
 from transformers import PreTrainedModel
@@ -21,7 +22,17 @@ from transformers import PreTrainedModel
 from . import attention
 from .linear import BlockLinear, PackedLinear
 
-__all__ = ["PREPARED_FIX", "BlockLinear", "PackedLinear", "attention", "block_invariant", "is_prepared", "prepare"]
+__all__ = ["PREPARED_FIX", "BlockLinear", "PackedLinear", "attention", "block_invariant", "is_prepared",
+           "prefer_gqa_attention", "prepare"]
+
+# transformers' SDPA path expands grouped K/V heads to all query heads (a copy of the whole KV
+# cache, every layer) whenever an attention mask is passed, i.e. for every verify block of 2+
+# rows, while a 1-row decode step passes none and uses SDPA's own GQA. On the CPU, SDPA with
+# enable_gqa and a mask gives the same numbers without the copy: measured at 8K context, a 3-row
+# verify block cost 1.8 target steps with the copy (docs/sweep.md). The switch is transformers'
+# own, read at every attention call; it stays off for CUDA, where a mask with GQA would leave the
+# fast kernels.
+GQA_SWITCH = "TRANSFORMERS_SDPA_FORCE_GQA"
 
 # The attribute a prepared model carries: the options it was prepared with.
 PREPARED = "specdec_prepared"
@@ -78,3 +89,9 @@ def _float32_final_norm(model: PreTrainedModel) -> None:
     norm = getattr(decoder, "norm", None)
     if isinstance(norm, torch.nn.Module) and not isinstance(norm, _Float32Output):
         decoder.norm = _Float32Output(norm)
+
+def prefer_gqa_attention(model: PreTrainedModel) -> None:
+    """Turn on SDPA's own GQA for masked attention when `model` runs on the CPU (see GQA_SWITCH);
+    a user's explicit setting of the variable wins."""
+    if model.device.type == "cpu":
+        os.environ.setdefault(GQA_SWITCH, "1")

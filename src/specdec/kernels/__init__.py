@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 from ..errors import SpecdecError
+from ..files import cache_root
 from ..quant.weights import Q4_GROUP, Q8_GROUP, SUPER, Q4Weight, Q8Weight
 
 SOURCE = Path(__file__).with_name("qgemm.cpp")
@@ -52,8 +53,6 @@ def _cpu_flags() -> str:
 def library_path(march: str = "native") -> Path:
     """Where the compiled kernels for this source, compiler, CPU and -march live (built if
     missing; another `march` than native builds an older instruction set's path, for tests)."""
-    from ..registry import cache_root
-
     compiler = _compiler()
     flags = (*FLAGS, f"-march={march}")
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout

@@ -1,7 +1,7 @@
 """What guesses the next tokens. Every proposer has `k`, `begin(prompt, vocab_size)`,
 `propose(seq, k, cfg, generator) -> Proposal` and `rollback(committed_len)`."""
 
-from .base import Proposal, Proposer
+from ..decode.proposal import Proposal, Proposer
 from .draft import DraftModel
 from .hybrid import Hybrid
 from .lookup import PromptLookup

@@ -5,11 +5,11 @@ from __future__ import annotations
 import torch
 from transformers import PreTrainedModel
 
-from ..adaptive import PayRule
+from .policy import PayRule
 from ..errors import SpecdecError
-from ..lm import CausalLM
-from ..sampling import SamplingConfig, draw, probs
-from .base import Proposal
+from ..decode.lm import CausalLM
+from ..decode.sampling import SamplingConfig, draw, probs
+from ..decode.proposal import Proposal
 
 # A draft whose output layer scores only some token ids (specdec.draft_head makes one) carries
 # those ids, sorted, as this attribute of the model: its row i scores token HEAD_IDS[i].

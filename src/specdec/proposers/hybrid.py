@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from ..sampling import SamplingConfig
-from .base import Proposal
+from ..decode.sampling import SamplingConfig
+from ..decode.proposal import Proposal
 from .draft import DraftModel
 from .lookup import PromptLookup
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 
 from ..errors import SpecdecError
-from ..sampling import SamplingConfig
-from .base import Proposal
+from ..decode.sampling import SamplingConfig
+from ..decode.proposal import Proposal
 
 
 class PromptLookup:

@@ -6,9 +6,9 @@ from __future__ import annotations
 import torch
 
 from ..errors import SpecdecError
-from ..lm import CausalLM
-from ..sampling import SamplingConfig, draw, probs
-from .base import Proposal
+from ..decode.lm import CausalLM
+from ..decode.sampling import SamplingConfig, draw, probs
+from ..decode.proposal import Proposal
 from .draft import DraftModel
 
 

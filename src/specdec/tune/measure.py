@@ -16,9 +16,9 @@ from dataclasses import dataclass
 import torch
 from transformers import PreTrainedModel
 
-from ..costmodel import kv_cache_bytes_for_config
+from ..cost.model import kv_cache_bytes_for_config
 from ..forward import BlockLinear
-from ..lm import CausalLM
+from ..decode.lm import CausalLM
 from ..machine import synchronize
 
 

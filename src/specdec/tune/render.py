@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from ..advice import Advice
+from .advice import Advice
 from ..fmt import num
-from ..method import parse
+from ..methods.spec import parse
 from .advise import MIN_GAIN
 
 BOUND_TEXT = {

@@ -18,10 +18,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..costmodel import Costs, predicted_speedup, prediction_error
+from ..cost.model import Costs, predicted_speedup, prediction_error
 from ..errors import SpecdecError
 from ..fmt import table
-from ..method import Method
+from ..methods.spec import Method
 from .calibration import Calibration
 
 
@@ -54,10 +54,10 @@ def sweep_context(target, drafts, tokenizer, n: int, settings: SweepSettings,
     prefilled once and every method's generations reuse it."""
     import torch
 
-    from ..build import build_proposer
-    from ..engine import generate
-    from ..lm import CausalLM
-    from ..longprompt import long_prompt
+    from ..methods.build import build_proposer
+    from ..decode.engine import generate
+    from ..decode.lm import CausalLM
+    from ..prompts.long import long_prompt
     from ..machine import PeakMemory
     from .measure import kv_bytes, measure_model, measured_kv_bytes
 

@@ -1,0 +1,115 @@
+"""`NAME=URL` -> Endpoint, and the probe run once before any measurement.
+
+The URL names the API: `.../v1/completions` or `.../v1/chat/completions`; a bare server address
+(`http://host:port`, or one ending in `/v1`) means `/v1/completions`, which takes the prompt as
+token ids, so every endpoint and specdec's own methods see the same prompt."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+import httpx
+
+from ...errors import SpecdecError
+from ...methods.spec import OPTIONS
+
+COMPLETIONS = "completions"
+CHAT = "chat"
+_PATHS = {"/v1/completions": COMPLETIONS, "/v1/chat/completions": CHAT}
+PROBE_TIMEOUT_S = 10.0
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    name: str
+    url: str  # the completions URL requests go to
+    api: str  # COMPLETIONS or CHAT
+
+    @property
+    def server(self) -> str:
+        """scheme://host:port, where /v1/models and /metrics live."""
+        parts = urlsplit(self.url)
+        return f"{parts.scheme}://{parts.netloc}"
+
+
+def parse_endpoint(text: str) -> Endpoint:
+    """`NAME=URL`, checked: a name the method grammar can carry, an http(s) URL, a known API path."""
+    name, sep, url = text.partition("=")
+    if not sep or not name or not url:
+        raise SpecdecError(f"--endpoint takes NAME=URL, e.g. spec=http://127.0.0.1:8080/v1/completions; got {text!r}")
+    read_name, _ = OPTIONS["name"]  # the method grammar carries it as endpoint:name=NAME
+    try:
+        read_name(name)
+    except ValueError as e:
+        raise SpecdecError(f"endpoint name {name!r} {e}") from None
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise SpecdecError(f"endpoint {name}: {url!r} is not an http(s) URL")
+    path = parts.path.rstrip("/")
+    if path in ("", "/v1"):
+        path = "/v1/completions"
+    if path not in _PATHS:
+        raise SpecdecError(f"endpoint {name}: {url} is neither /v1/completions nor /v1/chat/completions")
+    return Endpoint(name, f"{parts.scheme}://{parts.netloc}{path}", _PATHS[path])
+
+
+def parse_endpoints(texts: list[str]) -> list[Endpoint]:
+    endpoints = [parse_endpoint(t) for t in texts]
+    names = [e.name for e in endpoints]
+    twice = next((n for n in names if names.count(n) > 1), None)
+    if twice:
+        raise SpecdecError(f"two endpoints are called {twice}: give each --endpoint its own name")
+    return endpoints
+
+
+@dataclass(frozen=True)
+class Served:
+    """What the probe found: the model id requests name, and whether /metrics has vLLM's
+    speculative-decoding counters (then they are read around each request)."""
+
+    model: str
+    vllm_metrics: bool
+
+
+def probe(endpoint: Endpoint, client: httpx.Client) -> Served:
+    """GET /v1/models (an OpenAI-compatible server lists what it serves) and /metrics, with
+    one-line errors for a server that is down or answers something else."""
+    from .metrics import has_spec_counters
+
+    url = f"{endpoint.server}/v1/models"
+    reply = get(client, endpoint, url)
+    try:
+        models = reply.json()["data"]
+        model = str(models[0]["id"])
+    except (ValueError, KeyError, IndexError, TypeError):
+        raise SpecdecError(f"endpoint {endpoint.name}: {url} did not answer as an OpenAI-compatible server "
+                           f"(no model list): {reply.text[:80]!r}") from None
+    try:
+        metrics = client.get(f"{endpoint.server}/metrics", timeout=PROBE_TIMEOUT_S)
+        vllm = metrics.status_code == 200 and has_spec_counters(metrics.text)
+    except httpx.HTTPError:
+        vllm = False  # /metrics is optional (llama-server serves it only with --metrics)
+    return Served(model, vllm)
+
+
+def get(client: httpx.Client, endpoint: Endpoint, url: str) -> httpx.Response:
+    """A GET with the endpoint's name in every error."""
+    try:
+        reply = client.get(url, timeout=PROBE_TIMEOUT_S)
+    except httpx.HTTPError as e:
+        raise SpecdecError(f"endpoint {endpoint.name}: {describe(e, url)}") from None
+    if reply.status_code != 200:
+        raise SpecdecError(f"endpoint {endpoint.name}: {url} answered HTTP {reply.status_code}: {reply.text[:80]!r}")
+    return reply
+
+
+def describe(error: httpx.HTTPError, url: str) -> str:
+    """What went wrong with a request, and what to do, in a few words."""
+    if isinstance(error, httpx.ConnectError):
+        return f"cannot connect to {url} ({error}): is the server running there?"
+    if isinstance(error, httpx.TimeoutException):
+        return f"no reply from {url} in time ({type(error).__name__}): check the server or raise --endpoint-timeout"
+    if isinstance(error, httpx.RemoteProtocolError):
+        return f"the server at {url} closed the connection mid-reply ({error})"
+    return f"request to {url} failed: {error}"

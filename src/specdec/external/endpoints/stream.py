@@ -1,0 +1,242 @@
+"""One streamed greedy completion from an OpenAI-compatible endpoint, timed chunk by chunk.
+
+The request asks for greedy decoding (temperature 0), a stream of server-sent events, and
+logprobs: they carry each token's id (llama.cpp puts an `id` in each entry; vLLM spells tokens
+`token_id:N` when asked with `return_tokens_as_token_ids`) and the top alternatives with their
+log-probabilities, which give the gap between the two best tokens where outputs differ. A
+server that gives no ids still yields the text. Fields a server does not know are ignored by
+vLLM and llama.cpp alike (`cache_prompt: false` makes llama.cpp prefill every request afresh,
+so time to first token means the same for every row).
+
+Timing: `sent` is taken before the request goes out; each chunk that carries tokens is stamped
+on arrival. Time to first token is the first stamp; decode time runs from it to the last, over
+the tokens after the first chunk (the engine's definition of decode tokens/s).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+
+import httpx
+
+from ...errors import SpecdecError
+from .spec import CHAT, Endpoint, describe
+
+Top = list[tuple[int | str, float]]  # one position's alternatives, best first: (id, or text where no id; logprob)
+FINISH = {"stop": "eos", "length": "length"}  # OpenAI's finish reasons as specdec's rows spell them
+
+
+@dataclass(frozen=True)
+class Request:
+    max_tokens: int
+    prompt_ids: list[int] | None = None  # /v1/completions
+    message: str | None = None  # /v1/chat/completions: one user message
+    top_logprobs: int = 1  # alternatives per position; 0: no logprobs (text only)
+
+
+@dataclass
+class Streamed:
+    text: str = ""
+    token_ids: list[int | None] = field(default_factory=list)
+    pieces: list[str] = field(default_factory=list)  # each named token's text, beside token_ids
+    top: list[Top] = field(default_factory=list)
+    stamps: list[float] = field(default_factory=list)  # seconds after sending, per chunk with tokens
+    chunk_texts: list[str] = field(default_factory=list)  # the text of each of those chunks
+    chunk_tokens: list[int] = field(default_factory=list)  # tokens in each of those chunks
+    unnamed_chunks: int = 0  # chunks with tokens but no logprobs (llama.cpp's speculated tokens)
+    finish_reason: str | None = None
+    timings: dict | None = None  # llama.cpp's
+    usage_tokens: int | None = None
+
+    @property
+    def ids(self) -> list[int] | None:
+        """The output as token ids, where the server named every token's id."""
+        known = self.token_ids and not self.unnamed_chunks and all(t is not None for t in self.token_ids)
+        return list(self.token_ids) if known else None  # type: ignore[arg-type]
+
+    @property
+    def n_tokens(self) -> int:
+        """From the ids where every token came with one (llama.cpp sends logprobs only for tokens it
+        did not speculate), else the server's count, else one token per chunk."""
+        if self.ids is not None:
+            return len(self.token_ids)
+        counted = self.usage_tokens if self.usage_tokens is not None else (self.timings or {}).get("predicted_n")
+        return int(counted) if counted is not None else sum(self.chunk_tokens)
+
+    @property
+    def token_texts(self) -> list[str] | None:
+        """Each token's text: from logprobs where every token was named, else the chunks' texts
+        where each chunk was one token (llama.cpp streams one per chunk, speculated or not, and
+        counts them in `timings`/`usage`); None where tokens cannot be told apart."""
+        if self.ids is not None:
+            return list(self.pieces)
+        counted = self.usage_tokens if self.usage_tokens is not None else (self.timings or {}).get("predicted_n")
+        return list(self.chunk_texts) if counted == len(self.chunk_texts) else None
+
+    @property
+    def ttft_s(self) -> float | None:
+        return self.stamps[0] if self.stamps else None
+
+    @property
+    def decode_s(self) -> float:
+        return self.stamps[-1] - self.stamps[0] if self.stamps else 0.0
+
+    @property
+    def decode_tokens(self) -> int:
+        return max(self.n_tokens - (self.chunk_tokens[0] if self.chunk_tokens else 0), 0)
+
+
+def body(request: Request, api: str, model: str) -> dict:
+    common = {"model": model, "max_tokens": request.max_tokens, "temperature": 0.0, "top_p": 1.0, "stream": True,
+              "stream_options": {"include_usage": True}, "cache_prompt": False, "return_tokens_as_token_ids": True}
+    if api == CHAT:
+        logprobs = {"logprobs": True, "top_logprobs": request.top_logprobs} if request.top_logprobs else {}
+        return {**common, "messages": [{"role": "user", "content": request.message}], **logprobs}
+    return {**common, "prompt": request.prompt_ids,
+            **({"logprobs": request.top_logprobs} if request.top_logprobs else {})}
+
+
+def complete(client: httpx.Client, endpoint: Endpoint, model: str, request: Request) -> Streamed:
+    """Send one request and read its stream to the end; any failure is a one-line SpecdecError
+    naming the endpoint."""
+    out = Streamed()
+    sent = time.perf_counter()
+    try:
+        with client.stream("POST", endpoint.url, json=body(request, endpoint.api, model)) as reply:
+            _check_reply(reply, endpoint)
+            done = False
+            for line in reply.iter_lines():
+                chunk = _event(line, endpoint)
+                if chunk is _DONE:
+                    done = True
+                    break
+                if chunk is not None:
+                    _take(chunk, out, time.perf_counter() - sent, endpoint)
+    except httpx.HTTPError as e:
+        raise SpecdecError(f"endpoint {endpoint.name}: {describe(e, endpoint.url)}") from None
+    if not done and out.finish_reason is None:
+        raise SpecdecError(f"endpoint {endpoint.name}: the stream from {endpoint.url} ended before the completion "
+                           f"finished (after {out.n_tokens} tokens): the server stopped mid-reply")
+    if not out.stamps:
+        raise SpecdecError(f"endpoint {endpoint.name}: {endpoint.url} streamed no tokens")
+    return out
+
+
+def _check_reply(reply: httpx.Response, endpoint: Endpoint) -> None:
+    if reply.status_code != 200:
+        reply.read()
+        raise SpecdecError(f"endpoint {endpoint.name}: {endpoint.url} answered HTTP {reply.status_code}: "
+                           f"{_short(reply.text)}")
+    kind = reply.headers.get("content-type", "")
+    if not kind.startswith("text/event-stream"):
+        reply.read()
+        raise SpecdecError(f"endpoint {endpoint.name}: {endpoint.url} did not stream server-sent events "
+                           f"(Content-Type {kind or 'none'}): not an OpenAI-compatible reply: {_short(reply.text)}")
+
+
+_DONE = object()
+
+
+def _event(line: str, endpoint: Endpoint) -> dict | object | None:
+    """One line of the event stream: a JSON chunk, _DONE, or None (comments, blank lines, other fields)."""
+    field_name, _, value = line.partition(":")
+    value = value.strip()
+    if field_name not in ("data", "error"):
+        return None
+    if value == "[DONE]":
+        return _DONE
+    try:
+        chunk = json.loads(value)
+    except ValueError:
+        raise SpecdecError(f"endpoint {endpoint.name}: a stream line is not JSON ({_short(line)}): "
+                           "not an OpenAI-compatible reply") from None
+    if field_name == "error" or (isinstance(chunk, dict) and "error" in chunk):
+        error = chunk.get("error", chunk) if isinstance(chunk, dict) else chunk
+        message = error.get("message", error) if isinstance(error, dict) else error
+        raise SpecdecError(f"endpoint {endpoint.name}: the server reported an error mid-stream: {_short(str(message))}")
+    if not isinstance(chunk, dict):
+        raise SpecdecError(f"endpoint {endpoint.name}: a stream chunk is not a JSON object: {_short(value)}")
+    return chunk
+
+
+def _take(chunk: dict, out: Streamed, at: float, endpoint: Endpoint) -> None:
+    """Fold one chunk into the result: text, tokens (with their stamp), finish reason, counts."""
+    if chunk.get("timings"):
+        out.timings = chunk["timings"]
+    if isinstance(chunk.get("usage"), dict):
+        out.usage_tokens = chunk["usage"].get("completion_tokens")
+    choices = chunk.get("choices")
+    if choices is None:
+        if "usage" in chunk or "timings" in chunk:
+            return
+        raise SpecdecError(f"endpoint {endpoint.name}: a stream chunk has no choices: {_short(json.dumps(chunk))}")
+    if not choices:
+        return  # the usage chunk of OpenAI's stream_options has an empty list
+    choice = choices[0]
+    text = (choice.get("delta") or {}).get("content") if endpoint.api == CHAT else choice.get("text")
+    entries = _entries(choice.get("logprobs"))
+    if text or entries:
+        out.text += text or ""
+        out.chunk_texts.append(text or "")
+        out.stamps.append(at)
+        out.chunk_tokens.append(len(entries) if entries else 1)
+        out.unnamed_chunks += not entries
+        for token_id, piece, top in entries:
+            out.token_ids.append(token_id)
+            out.pieces.append(piece)
+            out.top.append(top)
+    if choice.get("finish_reason"):
+        out.finish_reason = FINISH.get(choice["finish_reason"], choice["finish_reason"])
+
+
+def _entries(logprobs: dict | None) -> list[tuple[int | None, str, Top]]:
+    """(token id or None, its text, its alternatives) per token of a chunk, in both layouts
+    servers use: `content` entries (chat; llama.cpp everywhere) or the completions API's parallel
+    lists (vLLM spells a token `token_id:N` there, its text is then unknown: "")."""
+    if not logprobs:
+        return []
+    if "content" in logprobs:
+        return [(_id(e), _piece(e.get("token")), _best_first([(_key(a), float(a["logprob"]))
+                                                              for a in e.get("top_logprobs") or []]))
+                for e in logprobs["content"] or []]
+    tokens = logprobs.get("tokens") or []
+    tops = logprobs.get("top_logprobs") or [None] * len(tokens)
+    return [(_token_id(t), _piece(t), _best_first([(_token_id(k) if _token_id(k) is not None else k, float(v))
+                                                   for k, v in (top or {}).items()]))
+            for t, top in zip(tokens, tops)]
+
+
+def _piece(token) -> str:
+    return "" if not isinstance(token, str) or _token_id(token) is not None else token
+
+
+def _best_first(top: Top) -> Top:
+    return sorted(top, key=lambda pair: -pair[1])
+
+
+def _key(entry: dict) -> int | str:
+    token_id = _id(entry)
+    return token_id if token_id is not None else entry.get("token", "")
+
+
+def _id(entry: dict) -> int | None:
+    if isinstance(entry.get("id"), int):
+        return entry["id"]
+    return _token_id(entry.get("token"))
+
+
+def _token_id(token) -> int | None:
+    """vLLM's `token_id:N` spelling, else None."""
+    if isinstance(token, str) and token.startswith("token_id:"):
+        try:
+            return int(token[len("token_id:"):])
+        except ValueError:
+            return None
+    return None
+
+
+def _short(text: str, limit: int = 120) -> str:
+    text = " ".join(text.split())
+    return repr(text if len(text) <= limit else text[:limit] + "...")

@@ -1,0 +1,103 @@
+"""The model cache folder and how every writer puts files into it or anywhere else: whole or
+not at all. A file is written under a temporary name in its final folder and renamed into place;
+a folder is filled under a temporary name and renamed when complete; temporaries of runs killed
+outright are removed by the next run."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import tempfile
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from .errors import SpecdecError
+
+TMP_PREFIX = ".tmp-"  # temporaries in the cache: .tmp-<pid>-<random>[suffix]
+
+
+def cache_root() -> Path:
+    """specdec's model cache: converted models, quantized weights, kernels, saved advice."""
+    return Path(os.environ.get("SPECDEC_CACHE") or Path.home() / ".cache" / "specdec")
+
+
+def ensure_writable(folder: Path) -> None:
+    """Create `folder` if needed and check that a file can be written there."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / f"{TMP_PREFIX}{os.getpid()}-probe"
+        probe.touch()
+        probe.unlink()
+    except OSError as err:
+        raise SpecdecError(f"cannot write to the model cache folder {folder} ({err.strerror or err}); "
+                           "set SPECDEC_CACHE to a writable folder") from err
+
+
+def remove_stale_temps(folder: Path) -> None:
+    """Delete temporaries of runs that were killed outright (no chance to clean up); live runs
+    keep theirs."""
+    for path in folder.glob(f"{TMP_PREFIX}*"):
+        match = re.match(rf"{re.escape(TMP_PREFIX)}(\d+)-", path.name)
+        if match and not _pid_alive(int(match.group(1))):
+            remove(path)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # it exists, under another user
+    return True
+
+
+@contextmanager
+def scratch(folder: Path, suffix: str) -> Iterator[Path]:
+    """A temporary name in `folder`, removed on exit unless the caller has renamed it into place."""
+    path = folder / f"{TMP_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:8]}{suffix}"
+    try:
+        yield path
+    finally:
+        remove(path)
+
+
+def remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise SpecdecError(f"cannot read {path}: {e}") from None
+
+
+def write_atomic(path: Path, write: Callable[[Path], None]) -> None:
+    """Let `write` fill a temporary file in the same folder, fsync it and rename it over `path`:
+    readers see the old file or the new one, never half of one."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=path.suffix)
+    os.close(fd)
+    try:
+        write(Path(tmp))
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_json_atomic(path: Path, value: dict) -> None:
+    write_atomic(path, lambda tmp: tmp.write_text(json.dumps(value, indent=1), encoding="utf-8"))
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    write_atomic(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))

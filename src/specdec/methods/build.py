@@ -1,0 +1,126 @@
+"""Method spec -> proposer: the one place where proposers and their draft models are built.
+
+`Drafts` holds the draft model as loaded and the variants methods ask for (quantized, restricted
+head: Method.draft_variant), each built once and before any of them runs: specdec repacks a
+model's weights the first time it runs (specdec.forward.prepare), and a repacked model can be
+deep-copied but no longer quantized or head-restricted. The variant that no other method needs
+is made from the loaded model in place, so a single draft method costs no copy.
+
+`build_proposer` makes the proposer of one method (None for plain decoding); a draft always runs
+as a proposer does (CausalLM with invariant=False: logits in the model's dtype, no block
+invariance check), in generate, check, bench, sweep and advise alike.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable
+
+from transformers import PreTrainedModel
+
+from ..tune.advice import Advice
+from ..models.draft_head import restrict_to_frequent
+from ..errors import SpecdecError
+from ..decode.lm import CausalLM
+from .spec import Method
+from ..proposers import DraftModel, Hybrid, PromptLookup, TreeDraft
+from ..decode.proposal import Proposer
+from ..models.draft_quant import quantize_draft
+
+Variant = tuple[str | None, int | None]  # (quant, vocab), as Method.draft_variant
+PLAIN: Variant = (None, None)
+
+
+class Drafts:
+    """The draft model and its variants; `reuse_caches` keeps one CausalLM per variant (and
+    cache layout) so that generations can reuse its prefilled prefix (specdec sweep)."""
+
+    def __init__(self, model: PreTrainedModel | None, tokenizer=None, reuse_caches: bool = False,
+                 source: str | None = None, group: int = 32):
+        """`tokenizer` (the target's) is needed only for restricted heads (vocab=N); `source`
+        (the registry name or folder the draft was loaded from) and `group` only for quantized
+        variants (quant=int4: specdec.quant.cache; without a source the weights are rounded)."""
+        self.loaded, self.tokenizer, self.reuse_caches = model, tokenizer, reuse_caches
+        self.source, self.group = source, group
+        self._variants: dict[Variant, PreTrainedModel] = {}
+        self._lms: dict[tuple[Variant, bool], CausalLM] = {}
+        self._consumed_by: Variant | None = None  # the variant made from the loaded model in place
+
+    def prepare(self, methods: Iterable[Method]) -> None:
+        """Build every variant these methods run, now, so a bad option fails before any run."""
+        needed = list(dict.fromkeys(m.draft_variant for m in methods if m.uses_draft))
+        if not needed:
+            return
+        if self.loaded is None:
+            raise SpecdecError("these methods need a draft model: pass --draft NAME")
+        new = [v for v in needed if v not in self._variants]
+        keep_loaded = PLAIN in needed or PLAIN in self._variants  # the loaded model itself runs
+        for i, variant in enumerate(new):
+            self._variants[variant] = self._make(variant, in_place=i == len(new) - 1 and not keep_loaded)
+
+    def model(self, variant: Variant) -> PreTrainedModel:
+        if variant not in self._variants:
+            self.prepare([Method("draft", quant=variant[0], vocab=variant[1])])
+        return self._variants[variant]
+
+    def lm(self, method: Method) -> CausalLM:
+        """The CausalLM a method's draft runs in: a fresh cache, or the kept one."""
+        key = (method.draft_variant, method.cat)
+        if key in self._lms:
+            return self._lms[key]
+        lm = CausalLM(self.model(method.draft_variant), preallocate=not method.cat, invariant=False)
+        if self.reuse_caches:
+            self._lms[key] = lm
+        return lm
+
+    def _make(self, variant: Variant, in_place: bool) -> PreTrainedModel:
+        if self._consumed_by is not None:  # the loaded model is a variant now: nothing to copy from
+            made = Method("draft", quant=self._consumed_by[0], vocab=self._consumed_by[1]).label
+            raise SpecdecError(f"the draft was made into {made} already: prepare every method at once")
+        if variant == PLAIN:
+            return self.loaded
+        quant, vocab = variant
+        model = self.loaded if in_place else copy.deepcopy(self.loaded)
+        if in_place:
+            self._consumed_by = variant
+        if vocab is not None:  # restriction first: quantization replaces the head
+            if self.tokenizer is None:
+                raise SpecdecError("vocab=N counts token frequencies with the tokenizer: not with --random-weights")
+            restrict_to_frequent(model, self.tokenizer, vocab)
+        return quantize_draft(model, quant, self.source, self.group) if quant else model
+
+
+def build_proposer(method: Method, drafts: Drafts | None = None, advice: Advice | None = None) -> Proposer | None:
+    """The proposer that runs `method` (None: plain decoding). `advice` gives the cost terms of
+    methods with pay=1 (`--pay-rule FILE`)."""
+    if method.kind == "ar":
+        return None
+    if not method.speculative:
+        check_specdec(method)
+        raise SpecdecError(f"{method.label} has no specdec proposer")  # auto: resolve it first
+    if method.kind == "lookup":
+        return PromptLookup(method.k, max_ngram=method.ngram)
+    if drafts is None:
+        raise SpecdecError(f"{method.label} needs a draft model: pass --draft NAME")
+    rule = pay_rule(method, advice)
+    draft = DraftModel(drafts.lm(method), method.k, method.conf or 0.0, rule)
+    if method.kind == "hybrid":
+        return Hybrid(draft, PromptLookup(method.k, max_ngram=method.ngram))
+    return TreeDraft(draft, width=method.width) if method.width else draft
+
+
+def check_specdec(method: Method) -> None:
+    """Refuse a method that another engine's own generation runs (transformers', llama.cpp's):
+    only specdec bench runs those."""
+    if method.external:
+        raise SpecdecError(f"{method.label} has no specdec proposer: it is another engine's own generation, "
+                           "run in specdec bench only")
+
+
+def pay_rule(method: Method, advice: Advice | None):
+    """The pay rule of a method with pay=1, None otherwise; refused without the advice file."""
+    if not method.pay:
+        return None
+    if advice is None:
+        raise SpecdecError(f"method {method.label} needs --pay-rule FILE (the JSON of `specdec advise --json`)")
+    return advice.pay_rule(method)

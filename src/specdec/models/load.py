@@ -1,0 +1,134 @@
+"""Loading target and draft models: registry names (specdec.registry) or local HF folders."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+from ..errors import SpecdecError
+from ..forward import prefer_gqa_attention
+from ..machine import native_bf16
+from .registry import DEFAULT_DRAFT, DEFAULT_TARGET, REGISTRY, converted_folder, known_models
+
+__all__ = ["DEFAULT_DRAFT", "DEFAULT_TARGET", "DTYPES", "check_same_vocab", "load_model", "random_model", "resolve_dtype"]
+
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+def resolve_dtype(dtype: str, device: str = "cpu") -> str:
+    """"auto": bfloat16 where the hardware computes it natively (CUDA, CPUs with AVX-512 BF16 or
+    AMX), else float32: emulated bf16 matmuls are compute-bound, so a block of 4 tokens costs
+    2-3 plain steps, which leaves speculation little to gain (measured in docs/)."""
+    if dtype != "auto":
+        return dtype
+    if str(device).startswith("cuda"):
+        return "bfloat16"
+    return "bfloat16" if native_bf16() else "float32"
+
+
+def load_model(
+    name_or_path: str, dtype: str = "auto", device: str = "cpu", trust_remote_code: bool = False,
+    quant: str = "none", group: int = 32,
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """A causal LM in eval mode on `device` in `dtype` ("auto": see resolve_dtype), and its tokenizer.
+    `quant` "int8" or "int4": its linear layers quantized, Q8 or Q4 (specdec.quant.cache: a
+    registry model from its GGUF, converted once into the model cache; a folder rounded, int4 in
+    groups of `group` inputs); norms and attention stay in `dtype`, and the quantized layers read
+    and write it (their activations are quantized to int8 inside the kernels)."""
+    from .quant_cache import check_options, quantize_model, registry_weights
+
+    dtype = resolve_dtype(dtype, device)
+    if dtype not in DTYPES:
+        raise SpecdecError(f"unknown dtype {dtype!r}; use one of: auto, {', '.join(DTYPES)}")
+    check_options(quant, group, device, name_or_path)  # before the slow part
+    spec = REGISTRY.get(name_or_path)
+    folder = converted_folder(spec) if spec else _local_folder(name_or_path)
+    # Converted (or read from the cache) before this model loads: a conversion loads its own
+    # dense copy, and two dense copies of the 1.5B target in float32 and bf16 take 9 GB.
+    weights = registry_weights(spec, quant) if spec and quant != "none" else None
+    # local_files_only: specdec never reaches the Hub; use_safetensors: no pickle is ever unpickled.
+    common = {"trust_remote_code": trust_remote_code, "local_files_only": True}
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=DTYPES[dtype], use_safetensors=True, **common)
+    tokenizer = AutoTokenizer.from_pretrained(folder, **common)
+    model = quantize_model(model.to(device).eval(), name_or_path, quant, group, weights)
+    prefer_gqa_attention(model)  # before any forward, so HF generate() in a bench runs alike
+    return model, tokenizer
+
+
+def random_model(name_or_path: str, dtype: str = "auto", device: str = "cpu") -> PreTrainedModel:
+    """A model of the architecture of `name_or_path` with random weights: timing a forward does
+    not depend on the weights' values, so costs can be measured where the weights are absent.
+    Registry models' architectures ship with specdec; a folder needs only its config.json."""
+    dtype = resolve_dtype(dtype, device)
+    if dtype not in DTYPES:
+        raise SpecdecError(f"unknown dtype {dtype!r}; use one of: auto, {', '.join(DTYPES)}")
+    spec = REGISTRY.get(name_or_path)
+    config_file = (Path(__file__).parents[1] / "data" / "configs" / f"{spec.name}.json" if spec
+                   else Path(name_or_path) / "config.json")
+    if not config_file.is_file():
+        raise SpecdecError(f"{name_or_path} is neither a known name ({', '.join(known_models())}) "
+                           "nor a folder with a config.json")
+    config = AutoConfig.from_pretrained(config_file)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=DTYPES[dtype])
+    model = model.eval()
+    prefer_gqa_attention(model)
+    return model
+
+
+def _local_folder(path: str) -> Path:
+    folder = Path(path)
+    if not folder.is_dir():
+        raise SpecdecError(
+            f"unknown model {path!r}: not a known name and not a folder; use a Hugging Face model folder "
+            f"or one of: {', '.join(known_models())}"
+        )
+    if not (folder / "config.json").is_file():
+        raise SpecdecError(
+            f"{path} is not a Hugging Face model folder (no config.json); pass a folder made by save_pretrained"
+        )
+    if not any(folder.glob("*.safetensors")):
+        found = "only pickle weights (.bin)" if any(folder.glob("*.bin")) else "no weights"
+        raise SpecdecError(
+            f"{path} has {found}; specdec loads safetensors only: re-save it with "
+            f"model.save_pretrained(folder) from a trusted environment"
+        )
+    return folder
+
+
+def check_same_vocab(
+    target_tok: PreTrainedTokenizerBase,
+    draft_tok: PreTrainedTokenizerBase,
+    target_model: PreTrainedModel,
+    draft_model: PreTrainedModel,
+) -> None:
+    """Raise unless a draft token id means the same token to the target, as speculation needs.
+
+    The two models' logit widths may differ (checkpoints pad the output layer differently), so each
+    only has to cover the shared tokenizer's ids.
+    """
+    fix = "use a draft with the target's tokenizer, or --proposer lookup, which needs no draft model"
+    if target_tok.get_vocab() != draft_tok.get_vocab():
+        raise SpecdecError(f"the target and draft tokenizers have different vocabularies; {fix}")
+    needed = max(target_tok.get_vocab().values()) + 1
+    for role, model in (("target", target_model), ("draft", draft_model)):
+        width = logit_width(model)
+        if width < needed:
+            raise SpecdecError(f"the {role} model scores {width} token ids but its tokenizer uses {needed}; {fix}")
+
+
+def load_tokenizer(name_or_path: str, trust_remote_code: bool = False) -> PreTrainedTokenizerBase:
+    """The tokenizer of a registry model or local folder, without its weights: what a bench of
+    endpoints alone needs to send the same prompt ids as specdec's methods."""
+    spec = REGISTRY.get(name_or_path)
+    folder = converted_folder(spec) if spec else _local_folder(name_or_path)
+    return AutoTokenizer.from_pretrained(folder, trust_remote_code=trust_remote_code, local_files_only=True)
+
+
+def logit_width(model: PreTrainedModel) -> int:
+    """Rows of the model's output layer (token ids it scores)."""
+    head = model.get_output_embeddings()
+    # out_features also exists on quantized heads, whose weight is a method, not a tensor
+    return getattr(head, "out_features", None) or head.weight.shape[0]

@@ -1,0 +1,25 @@
+"""Text -> prompt token ids, with the chat template for instruct models."""
+
+from __future__ import annotations
+
+from transformers import PreTrainedTokenizerBase
+
+from ..errors import SpecdecError
+
+
+def encode_prompt(tokenizer: PreTrainedTokenizerBase, text: str, raw: bool = False) -> list[int]:
+    """Token ids for a user message; `raw` skips the chat template (base models, completions)."""
+    require_text(text)
+    if raw or not getattr(tokenizer, "chat_template", None):
+        return tokenizer(text, add_special_tokens=True)["input_ids"]
+    encoded = tokenizer.apply_chat_template(
+        [{"role": "user", "content": text}], add_generation_prompt=True
+    )
+    # transformers 5 returns a BatchEncoding here, older releases a plain list.
+    return list(encoded["input_ids"] if hasattr(encoded, "keys") else encoded)
+
+
+def require_text(text: str) -> str:
+    if not text.strip():
+        raise SpecdecError("the prompt is empty: pass --prompt TEXT or a non-empty --prompt-file")
+    return text

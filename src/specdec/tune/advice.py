@@ -1,0 +1,229 @@
+"""The advice record: what `specdec advise` measured and recommends, as a typed, versioned file.
+
+`specdec advise --json` prints one (`Advice.to_json`); `--pay-rule FILE` reads its cost terms
+(`Advice.pay_rule`), `advise --acceptance FILE` its calibration, and `--proposer auto` its choice.
+advise also saves it in the cache folder (advice_dir), keyed by what the measurement depends on
+(`Setup`: models, dtype, device, processor and thread count); `choose` reads it there, or falls
+back to the device's measured default (DEFAULT_CHOICE) and says how to calibrate.
+
+Version 2 names every proposer by its method spec (specdec.method): the draft variants as
+"draft", "draft:quant=int8", the choice as a full spec ("draft:k=2:quant=int8", or "ar" where
+speculation does not pay). Files without a version (advise before the method grammar) are read
+through `_from_version_1`, so the committed reports in docs/advise stay usable.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+from ..proposers.policy import PayRule
+from ..cost.model import Costs
+from ..errors import SpecdecError
+from ..methods.spec import Method, parse
+from ..files import cache_root
+
+VERSION = 2
+# Without advice: the best setting measured on a CPU without native bf16 (docs/bench/README.md:
+# the int8 draft with k=2), the plain draft elsewhere (int8 kernels are CPU-only).
+DEFAULT_CHOICE = {"cpu": "draft:k=2:quant=int8", "other": "draft:k=2"}
+
+
+@dataclass(frozen=True)
+class Calibrated:
+    """One proposer's acceptance on the calibration prompts (greedy)."""
+
+    rates: tuple[float, ...]  # by position, conditional on the earlier guesses
+    hit_rate: float  # share of rounds in which it guessed at all
+    histogram: tuple[int, ...] = ()  # rounds by accepted length, rounds that guessed
+    acceptance_rate: float = 0.0  # accepted / proposed
+    propose_per_round: float = 0.0  # seconds
+    tokens_per_s: float = 0.0
+    expected_tokens_measured: float = 0.0
+    expected_tokens_iid: float | None = None
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The cost model's answer for one proposer: its best k and why."""
+
+    k: int
+    speedup: float | None
+    reason: str
+    speedup_by_k: dict[int, float] = field(default_factory=dict)
+    alpha_fitted: float | None = None
+    hit_rate: float | None = None
+    break_even_alpha: dict[int, float | None] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Choice:
+    method: str  # a full method spec; "ar": speculation does not pay here
+    predicted_speedup: float
+
+
+@dataclass(frozen=True)
+class Advice:
+    settings: dict
+    device: str
+    dtype: str
+    c_target: float  # seconds of one target decode step at the settings' context
+    verify: dict[int, float]  # C_V(k): seconds of a verify block of k guesses
+    c_draft: dict[str, float]  # seconds of one draft step, by draft variant ("draft", "draft:quant=int8")
+    calibration: dict[str, Calibrated]  # by proposer family ("draft:quant=int8", "lookup:ngram=3")
+    proposers: dict[str, Verdict]
+    choice: Choice
+    plain_tokens_per_s: float = 0.0
+    bandwidth: dict = field(default_factory=dict)
+    memory: dict = field(default_factory=dict)
+    acceptance_from: str = "measured"
+    calibration_prompts: list[str] | str = field(default_factory=list)
+    random_weights: bool = False
+    environment: dict = field(default_factory=dict)  # specdec.machine.environment
+    setup: dict | None = None  # the Setup it was saved under (advise fills it in)
+    version: int = VERSION
+
+    def to_json(self) -> dict:
+        return {"version": self.version, **{k: v for k, v in asdict(self).items() if k != "version"}}
+
+    @classmethod
+    def from_json(cls, data: dict) -> Advice:
+        if "version" not in data:
+            data = _from_version_1(data)
+        elif data["version"] != VERSION:
+            raise ValueError(f"advice version {data['version']}; this specdec reads {VERSION}")
+        ints = lambda d: {int(k): v for k, v in d.items()}  # JSON keeps int keys as strings
+        plain = {f.name for f in fields(cls)} - {"verify", "calibration", "proposers", "choice"}
+        return cls(
+            **{k: v for k, v in data.items() if k in plain},
+            verify={int(k): float(v) for k, v in data["verify"].items()},
+            calibration={name: Calibrated(**{**c, "rates": tuple(c["rates"]), "histogram": tuple(c.get("histogram", ()))})
+                         for name, c in data["calibration"].items()},
+            proposers={name: Verdict(**{**v, "speedup_by_k": ints(v.get("speedup_by_k", {})),
+                                        "break_even_alpha": ints(v.get("break_even_alpha", {}))})
+                       for name, v in data["proposers"].items()},
+            choice=Choice(**data["choice"]),
+        )
+
+    @classmethod
+    def load(cls, path: str | Path) -> Advice:
+        try:
+            return cls.from_json(json.loads(Path(path).read_text(encoding="utf-8")))
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise SpecdecError(f"cannot read advice from {path} ({e}): give the JSON report of "
+                               "`specdec advise --json` for this target and draft") from None
+
+    def draft_cost(self, method: Method) -> float:
+        """C_D of the draft a method runs; a restricted head without its own measurement is
+        charged its full-head draft's cost."""
+        for variant in (Method("draft", quant=method.quant, vocab=method.vocab), Method("draft", quant=method.quant)):
+            if variant.label in self.c_draft:
+                return self.c_draft[variant.label]
+        raise SpecdecError(f"this advice has no cost of the draft {Method('draft', quant=method.quant).label} "
+                           f"(measured: {', '.join(self.c_draft) or 'none'}): run `specdec advise` with that draft")
+
+    def pay_rule(self, method: Method) -> PayRule:
+        """The cost terms a method with pay=1 stops by (specdec.adaptive), up to its k."""
+        c_draft = self.draft_cost(method)
+        return PayRule.from_costs(Costs(self.c_target, c_draft, self.verify), c_draft, method.k)
+
+
+def _from_version_1(old: dict) -> dict:
+    """An advise report written before the method grammar: proposers named draft, draft-int8
+    and lookup, the choice as (proposer, k), the int8 draft's cost beside the draft's."""
+    names = {"draft": "draft", "draft-int8": "draft:quant=int8", "lookup": "lookup:ngram=3"}
+    calibration = {names[n]: c for n, c in old["calibration"].items()}
+    c_draft = {}
+    if "draft" in old["calibration"] and old.get("c_draft") is not None:
+        c_draft["draft"] = old["c_draft"]
+    if old.get("c_draft_int8") is not None:
+        c_draft["draft:quant=int8"] = old["c_draft_int8"]
+    choice = old["choice"]
+    fields_ = ("settings", "device", "dtype", "c_target", "verify", "plain_tokens_per_s", "bandwidth", "memory",
+               "acceptance_from", "calibration_prompts", "random_weights")
+    return {**{k: old[k] for k in fields_ if k in old}, "version": VERSION, "c_draft": c_draft,
+            "calibration": calibration,
+            "proposers": {names[n]: v for n, v in old.get("proposers", {}).items()},
+            "choice": {"method": _old_choice(choice["proposer"], int(choice["k"])),
+                       "predicted_speedup": choice.get("predicted_speedup", 1.0)}}
+
+
+def _old_choice(proposer: str, k: int) -> str:
+    return {"none": "ar", "draft-int8": f"draft:k={k}:quant=int8"}.get(proposer, f"{proposer}:k={k}")
+
+
+# --- saved advice, for --proposer auto --------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What a measured recommendation depends on."""
+
+    target: str
+    draft: str
+    dtype: str
+    device: str
+    machine: str  # processor or GPU name, and the thread count on a CPU
+
+    @classmethod
+    def create(cls, target: str, draft: str, dtype: str, device: str, vocab: int | None = None) -> Setup:
+        """The setup of these models (the draft's head restricted to `vocab` ids) on this machine."""
+        import torch
+
+        from ..machine import device_name
+        from ..models.load import resolve_dtype
+
+        machine = device_name(device)
+        if not device.startswith("cuda"):
+            machine += f", {torch.get_num_threads()} threads"
+        draft += f" (head of {vocab} ids)" if vocab else ""
+        return cls(target, draft, resolve_dtype(dtype, device), device, machine)
+
+
+def advice_dir() -> Path:
+    """Saved advice lives next to the converted models (SPECDEC_CACHE or ~/.cache/specdec)."""
+    return cache_root() / "advice"
+
+
+def advice_path(setup: Setup) -> Path:
+    key = hashlib.sha256(json.dumps(asdict(setup), sort_keys=True).encode()).hexdigest()[:16]
+    return advice_dir() / f"{key}.json"
+
+
+def save_advice(setup: Setup, advice: Advice) -> Path:
+    """Keep an advise record for `setup` (written atomically); returns the file."""
+    from ..files import write_json_atomic
+
+    path = advice_path(setup)
+    record = replace(advice, setup=asdict(setup))
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(path, record.to_json() | {"saved": time.strftime("%Y-%m-%d %H:%M")})
+    except OSError as e:
+        raise SpecdecError(f"cannot save the advice to {path} ({e.strerror}); set SPECDEC_CACHE to a writable folder") from None
+    return path
+
+
+def choose(setup: Setup) -> tuple[Method, str]:
+    """The method the saved advice for `setup` recommends, else the device's default; and why."""
+    path = advice_path(setup)
+    if not path.is_file():
+        method = DEFAULT_CHOICE["cpu" if setup.device == "cpu" else "other"]
+        return parse(method), ("no advice measured for this setup yet, so the default; "
+                               "`specdec advise` (same --target/--draft/--dtype) measures it")
+    try:
+        saved: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+        if "version" not in saved and "proposer" in saved.get("choice", {}):  # saved before version 2
+            choice = Choice(_old_choice(saved["choice"]["proposer"], int(saved["choice"]["k"])),
+                            saved["choice"].get("predicted_speedup", 1.0))
+        else:
+            choice = Advice.from_json(saved).choice
+        method = parse(choice.method)
+    except (OSError, ValueError, KeyError, TypeError, SpecdecError) as e:
+        raise SpecdecError(f"the saved advice {path} is unreadable ({e}): delete it or run `specdec advise` again") from None
+    context = (saved.get("settings") or {}).get("context", saved.get("context", "?"))
+    return method, f"advised {saved.get('saved', '?')} at context {context}: predicted {choice.predicted_speedup:.2f}x"

@@ -1,0 +1,117 @@
+"""The proposer and k that `specdec advise` chose, written for the engines users serve with:
+vLLM's `--speculative-config` JSON and llama.cpp's `llama-server` flags.
+
+vLLM's keys are those its documentation gives for `speculative_config`: `method` ("draft_model"
+or "ngram"), `model` (the draft), `num_speculative_tokens`, and for n-grams `prompt_lookup_max`
+and `prompt_lookup_min` (vLLM matches the longest n-gram from max down to min, as specdec's
+lookup does from ngram down to 1). llama.cpp's flags are those of the llama-server that
+scripts/setup_llama_server.sh builds (llama.cpp 0c1e570): `--model-draft`, `--spec-type`
+(it speculates only when told which kind), `--spec-draft-n-max`, `--spec-draft-n-min`,
+`--spec-draft-p-min`; releases before it called the middle two `--draft-max`/`--draft-min`
+(this one refuses those). specdec options with no counterpart (the int8 draft, a restricted
+head, a tree, the pay rule) are named in a note, never silently dropped.
+
+The advice measured specdec's kernels on this machine; another engine's kernels (and GPU)
+cost otherwise, so the export says to confirm it there with `specdec bench --endpoint`.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import dataclass, field
+
+from .advice import Advice
+from ..methods.spec import Method, parse
+
+ENGINES = ("vllm", "llamacpp")
+CONFIRM = ("kernels differ between engines (and machines): this choice was measured on specdec's own kernels "
+           "here, so confirm it where you serve: start the server with and without these settings and run "
+           "`specdec bench --endpoint plain=URL --endpoint spec=URL --baseline plain` (docs/serving.md)")
+
+
+@dataclass(frozen=True)
+class Export:
+    engine: str
+    method: str  # the advised method spec
+    settings: dict | list[str] | None  # vLLM's speculative_config, llama.cpp's flags; None: do not speculate
+    command: str
+    reason: str
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return {"engine": self.engine, "method": self.method, "settings": self.settings, "command": self.command,
+                "reason": self.reason, "notes": self.notes, "confirm": CONFIRM}
+
+    def render(self) -> str:
+        lines = [f"[export] {self.engine}: advised {self.method}", f"  reason: {self.reason}",
+                 f"  {self.command}", *(f"  note: {n}" for n in self.notes), f"  note: {CONFIRM}"]
+        return "\n".join(lines)
+
+
+def export(advice: Advice, engine: str, target: str, draft: str) -> Export:
+    """The advice's choice for `engine` ("vllm" or "llamacpp"); `target` and `draft` are what the
+    engine loads: a model folder or hub id for vLLM, GGUF files for llama.cpp."""
+    method = parse(advice.choice.method)
+    reason = _reason(advice, method)
+    notes = _unsupported(method, engine)
+    if engine == "vllm":
+        config = vllm_config(method, draft)
+        extra = f" --speculative-config {shlex.quote(json.dumps(config))}" if config else ""
+        return Export(engine, method.label, config, f"vllm serve {shlex.quote(target)}{extra}", reason, notes)
+    flags = llamacpp_flags(method, draft)
+    command = shlex.join(["llama-server", "-m", target, *(flags or [])])
+    return Export(engine, method.label, flags, command, reason, notes)
+
+
+def vllm_config(method: Method, draft: str) -> dict | None:
+    if method.kind in ("draft", "hybrid"):
+        return {"method": "draft_model", "model": draft, "num_speculative_tokens": method.k}
+    if method.kind == "lookup":
+        return {"method": "ngram", "num_speculative_tokens": method.k, "prompt_lookup_max": method.ngram,
+                "prompt_lookup_min": 1}
+    return None
+
+
+def llamacpp_flags(method: Method, draft_gguf: str) -> list[str] | None:
+    if method.kind in ("draft", "hybrid"):
+        # p-min written out: 0 is what specdec's draft does (no stop), and llama.cpp's default has changed.
+        return ["--model-draft", draft_gguf, "--spec-type", "draft-simple", "--spec-draft-n-max", str(method.k),
+                "--spec-draft-n-min", "0", "--spec-draft-p-min", f"{method.conf or 0:g}"]
+    if method.kind == "lookup":
+        return ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", str(method.ngram),
+                "--spec-ngram-simple-size-m", str(method.k)]
+    return None
+
+
+def _reason(advice: Advice, method: Method) -> str:
+    if method.kind == "ar":
+        why = "; ".join(f"{name}: {v.reason}" for name, v in advice.proposers.items())
+        return f"speculation does not pay here (no proposer reaches the minimum gain): {why}"
+    verdict = advice.proposers.get(method.family().label)
+    measured = f"; {verdict.reason}" if verdict else ""
+    return (f"predicted {advice.choice.predicted_speedup:.2f}x over plain decoding on {advice.device} "
+            f"({advice.dtype}, C_T(1) {advice.c_target * 1000:.1f} ms){measured}")
+
+
+def _unsupported(method: Method, engine: str) -> list[str]:
+    """The parts of the advised method that the engine has no setting for."""
+    notes = []
+    if method.kind == "hybrid":
+        notes.append("neither engine mixes n-gram lookup with a draft: exported as the draft alone")
+    if method.quant:
+        notes.append(f"quant={method.quant}: specdec quantizes the draft itself; give the engine a draft "
+                     "checkpoint quantized ahead (" + ("a quantized draft model" if engine == "vllm" else
+                                                       "a lower-bit GGUF of the draft") + ")")
+    if method.vocab:
+        notes.append(f"vocab={method.vocab}: no engine restricts the draft's head; the export drafts over the full vocabulary")
+    if method.width:
+        notes.append(f"width={method.width}: tree speculation has no counterpart here; the export is a chain")
+    if method.pay:
+        notes.append("pay=1: the cost-model stop has no counterpart; the export guesses k tokens a round")
+    if method.conf and engine == "vllm":
+        notes.append(f"conf={method.conf:g}: vLLM has no draft-probability stop; llama.cpp's --spec-draft-p-min is one")
+    if method.kind == "lookup" and engine == "llamacpp":
+        notes.append(f"llama.cpp's ngram-simple matches exactly {method.ngram} tokens, where specdec tries "
+                     f"{method.ngram} down to 1")
+    return notes
