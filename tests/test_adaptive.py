@@ -5,18 +5,17 @@ import json
 from pathlib import Path
 
 import pytest
+from conftest import perturbed, tiny_model
 from hypothesis import given
 from hypothesis import strategies as st
 
 from specdec import DraftModel, generate
-from specdec.proposers.policy import PayRule
-from specdec.tune.advice import Advice
-from specdec.methods.build import Drafts, build_proposer
 from specdec.cost.model import Acceptance, Costs, cost_per_token
 from specdec.errors import SpecdecError
+from specdec.methods.build import Drafts, build_proposer
 from specdec.methods.spec import parse
-
-from conftest import perturbed, tiny_model
+from specdec.proposers.policy import AcceptanceSchedule, AllOf, ConfidenceFloor, PayRule
+from specdec.tune.advice import Advice
 
 # The cost terms measured on this project's CPU (docs/advise/humaneval-int8.json), rounded:
 # one target step 0.29 s, an int8 draft token 0.064 s, C_V jumping at 3 and 6 rows.
@@ -64,7 +63,7 @@ def test_lossless_and_rounds_of_several_lengths(pair):
     plain = generate(target, prompt, max_new_tokens=40, eos_token_id=[])
     # a cheap draft and a verify cost that doubles after 2 rows: rounds stop at 1, 2 or go to 4
     rule = PayRule(0.02, (1.0, 1.0, 1.02, 2.0, 2.01))
-    out = generate(target, prompt, drafter=DraftModel(draft, k=4, pay_rule=rule), max_new_tokens=40,
+    out = generate(target, prompt, drafter=DraftModel(draft, k=4, policy=rule), max_new_tokens=40,
                    eos_token_id=[], check=True)
     assert out.new_tokens == plain.new_tokens
     lengths = set(out.stats.proposed_lengths[:-1])  # the last round is cut by max_new_tokens
@@ -108,4 +107,45 @@ def test_method_with_pay_needs_the_rule_file(pair):
     assert method.label == "draft:k=4:pay=1" and method.pay
     with pytest.raises(SpecdecError, match="--pay-rule"):
         build_proposer(method, Drafts(draft))
-    assert build_proposer(method, Drafts(draft), Advice.load(COMMITTED)).pay_rule.k_max == 4
+    assert build_proposer(method, Drafts(draft), Advice.load(COMMITTED).rule_for(method)).policy.k_max == 4
+
+
+def test_the_acceptance_schedule_follows_what_was_accepted():
+    """dyn=1: +2 after a round that accepted every guess, -1 after one that did not, within
+    [1, k]; a round that asked for nothing (the last) changes nothing; a new sequence restarts."""
+    schedule = AcceptanceSchedule(5)
+    seen = []
+    for proposed, accepted in [(5, 2), (4, 4), (5, 0), (4, 1), (3, 0), (2, 0), (1, 0), (1, 1)]:
+        assert schedule.budget(5) == proposed
+        schedule.observe(proposed, accepted)
+        seen.append(schedule.budget(5))
+    assert seen == [4, 5, 4, 3, 2, 1, 1, 3]
+    schedule.observe(0, 0)
+    assert schedule.budget(5) == 3
+    assert schedule.budget(2) == 2  # never more than the round's room
+    schedule.begin()
+    assert schedule.budget(5) == 5
+
+
+def test_the_schedule_in_the_engine_is_lossless_and_moves_k(pair):
+    target, draft = pair
+    prompt = list(range(1, 20))
+    plain = generate(target, prompt, max_new_tokens=40, eos_token_id=[])
+    drafter = build_proposer(parse("draft:k=4:dyn=1"), Drafts(draft))
+    assert isinstance(drafter.policy, AcceptanceSchedule)
+    out = generate(target, prompt, drafter=drafter, max_new_tokens=40, eos_token_id=[], check=True)
+    assert out.new_tokens == plain.new_tokens
+    # each round's length follows from the round before it, as the schedule says (the first
+    # half: later rounds may be cut by the room left before max_new_tokens)
+    lengths = out.stats.proposed_lengths[: out.stats.rounds // 2]
+    for (before, accepted), now in zip(zip(lengths, out.stats.accept_lengths), lengths[1:]):
+        assert now == min(4, before + 2) if accepted == before else now == max(1, before - 1), lengths
+    assert len(set(lengths)) >= 2, lengths
+
+
+def test_policies_combine_to_the_smallest_budget_and_every_stop():
+    both = AllOf([ConfidenceFloor(0.5), PayRule(0.02, (1.0, 1.0, 1.02, 2.0, 2.01))])
+    assert both.reads_confidence and both.budget(3) == 3
+    assert not both.guess_again([0.4])  # the floor stops it
+    assert not both.guess_again([0.9, 0.9])  # the pay rule stops it at the jump in C_V
+    assert both.guess_again([0.99])

@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from specdec.cli import main
 from specdec.bench.store import read_rows
+from specdec.cli import main
 
 
 def write_prompts(tmp_path):

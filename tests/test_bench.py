@@ -15,8 +15,9 @@ from tokenizers import Tokenizer, pre_tokenizers
 from tokenizers.models import WordLevel
 from transformers import PreTrainedTokenizerFast
 
-from specdec.prompts import datasets
+from specdec.bench.row import Measured
 from specdec.bench.runner import EncodedPrompt, run_bench
+from specdec.bench.store import RESULTS, RowWriter, check_out_dir, read_rows
 from specdec.bench.summary import (
     bootstrap_ci,
     geomean,
@@ -26,10 +27,16 @@ from specdec.bench.summary import (
     summarize,
 )
 from specdec.cli import main
-from specdec.prompts.datasets import Prompt, Selection, load_prompts, read_prompts, select
 from specdec.errors import SpecdecError
 from specdec.methods.spec import Method
-from specdec.bench.store import RESULTS, RowWriter, check_out_dir, read_rows
+from specdec.prompts import datasets
+from specdec.prompts.datasets import (
+    Prompt,
+    Selection,
+    load_prompts,
+    read_prompts,
+    select,
+)
 
 WORDS = list("abcdefghijklmnopqrstuvwxyz")
 EOS = 56  # appears in the tiny target's greedy output for some prompts, so both finish reasons occur
@@ -121,7 +128,7 @@ class FakeExecutor:
         if self.fail_at is not None and len(self.runs) == self.fail_at:
             raise KeyboardInterrupt
         self.runs.append((method.label, str(prompt_ids[0]), repeat))
-        return {"tokens_per_s": 10.0}
+        return Measured([1, 2], 2, "length", 0.0, 0.1, 1, {})  # 10 tokens/s
 
     def warm_up(self, method, prompt_ids):
         self.warm.append(method.label)
@@ -400,8 +407,9 @@ def test_resume_with_changed_config_is_refused(tiny_pair, dataset, tmp_path, cap
 def test_auto_method_runs_the_advised_method(tiny_pair, dataset, tmp_path, capsys):
     """`auto` is resolved once from the saved advice (or the device default), recorded in the
     configuration, and runs that method's proposer; its output is ar's."""
+    from specdec.cli import args as cli_args
+    from specdec.cli import build_parser
     from specdec.tune.advice import Advice, Choice, save_advice
-    from specdec.cli import args as cli_args, build_parser
 
     out = tmp_path / "default"
     assert main(bench_args(tiny_pair, dataset, out, "--methods", "ar,auto")) == 0

@@ -2,15 +2,15 @@
 
 import pytest
 import torch
+from conftest import perturbed, tiny_model
 
 from specdec import DraftModel, PromptLookup
 from specdec.conform import check
 from specdec.conform import ties as conformance
 from specdec.decode import engine, verify
 from specdec.external.hf import hf_greedy
+from specdec.models.load import eos_token_ids
 from specdec.proposers import draft as draft_module
-
-from conftest import perturbed, tiny_model
 
 PROMPTS = [[3, 7, 11, 3, 7, 12, 13], [5, 9, 5, 9, 5, 1]]
 CONTEXT = [[1, 2, 3, 1, 2]]
@@ -93,7 +93,7 @@ def test_greedy_check_allows_no_difference_even_at_a_tie(pair, monkeypatch):
 
 def test_transformers_agreement_on_a_fresh_model():
     target = tiny_model(11, vocab=16, layers=1, init=0.5)  # transformers first, on unmodified layers
-    eos = engine.eos_token_ids(target)
+    eos = eos_token_ids(target)
     hf = [hf_greedy(target, p, 24, eos) for p in PROMPTS]
     result = check.check_transformers(target, PROMPTS, hf, 24)
     assert result.passed and result.detail.startswith("2/2 prompts equal"), result.detail
@@ -101,7 +101,7 @@ def test_transformers_agreement_on_a_fresh_model():
 
 def test_transformers_difference_off_a_tie_fails():
     target = tiny_model(11, vocab=16, layers=1, init=0.5)
-    eos = engine.eos_token_ids(target)
+    eos = eos_token_ids(target)
     hf = [hf_greedy(target, p, 24, eos) for p in PROMPTS]
     hf[1][4] = (hf[1][4] + 1) % 16
     result = check.check_transformers(target, PROMPTS, hf, 24)

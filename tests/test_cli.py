@@ -4,11 +4,10 @@ import json
 
 import pytest
 import torch
+from conftest import tiny_model
 
 from specdec import SpecdecError, generate
 from specdec.cli import main
-
-from conftest import tiny_model
 
 PROMPT = "w1 w2 w3 w1 w2 w4"
 
@@ -123,6 +122,8 @@ def test_nan_logits_are_reported_with_position():
 class InterruptingLookup:
     """Prompt lookup that is interrupted (Ctrl-C) in its third round."""
 
+    draft_lm, may_lag = None, False
+
     def __init__(self):
         from specdec import PromptLookup
         self.inner, self.k, self.calls, self.rounds = PromptLookup(2), 2, 0, 0
@@ -135,6 +136,9 @@ class InterruptingLookup:
         if self.rounds == 3:
             raise KeyboardInterrupt
         return self.inner.propose(seq, k, cfg, generator)
+
+    def observe(self, proposed, accepted):
+        pass
 
     def rollback(self, committed_len):
         pass
@@ -193,8 +197,8 @@ def test_auto_is_the_default_and_uses_the_cpu_default_without_advice(capsys, tin
 
 
 def test_auto_follows_saved_advice(capsys, tiny_registry, tmp_path):
-    from specdec.tune.advice import advice_path, save_advice
     from specdec.models.load import resolve_dtype
+    from specdec.tune.advice import advice_path, save_advice
 
     setup = setup_of(auto_args())
     save_advice(setup, advice_choosing("ar", 1.0))
@@ -227,8 +231,8 @@ def test_advice_saved_before_version_2_still_chooses(capsys, tiny_registry):
 
 
 def test_advise_saves_advice_for_auto(capsys, tiny_registry, tmp_path):
-    from specdec.tune.advice import Advice, advice_path
     from specdec.methods.spec import parse
+    from specdec.tune.advice import Advice, advice_path
 
     prompts = tmp_path / "calib.jsonl"
     prompts.write_text(json.dumps({"prompt": "w1 w2 w3 w1 w2 w3"}) + "\n")

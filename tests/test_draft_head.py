@@ -4,13 +4,17 @@ import copy
 
 import pytest
 import torch
+from conftest import tiny_model, word_tokenizer
 
 from specdec import DraftModel
-from specdec.models.draft_head import HEAD_IDS, bundled_text_tokens, frequent_tokens, restrict_head
 from specdec.errors import SpecdecError
+from specdec.models.draft_head import (
+    HEAD_IDS,
+    bundled_text_tokens,
+    frequent_tokens,
+    restrict_head,
+)
 from specdec.models.draft_quant import int8_draft
-
-from conftest import tiny_model, word_tokenizer
 
 
 def test_frequent_tokens_order():

@@ -13,19 +13,23 @@ import pytest
 from conftest import word_tokenizer
 from fake_openai import FakeServer, completion_ids, expected_counters
 
-from specdec.models import load as models
-from specdec.tune.advice import Advice
 from specdec.bench.served import position_rates, server_acceptance
+from specdec.bench.store import read_rows
 from specdec.cli import main
 from specdec.conform.endpoints import compare
-from specdec.external.endpoints.metrics import SpecCounters, has_spec_counters, parse_counters
+from specdec.errors import SpecdecError
+from specdec.external.endpoints.metrics import (
+    SpecCounters,
+    has_spec_counters,
+    parse_counters,
+)
 from specdec.external.endpoints.spec import parse_endpoint
 from specdec.external.endpoints.stream import Request, Streamed, complete
-from specdec.errors import SpecdecError
-from specdec.tune.export import export
 from specdec.external.llama_server import free_port
 from specdec.methods.spec import parse
-from specdec.bench.store import read_rows
+from specdec.models import load as models
+from specdec.tune.advice import Advice
+from specdec.tune.export import export
 
 DATA = Path(__file__).parent / "data"
 ADVICE = Path(__file__).parent.parent / "docs" / "advise" / "humaneval-int8.json"

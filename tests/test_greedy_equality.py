@@ -4,13 +4,13 @@ import copy
 
 import pytest
 import torch
+from conftest import perturbed, tiny_model
 
 import specdec
 from specdec import DraftModel, Hybrid, PromptLookup, generate
 from specdec.models.draft_head import restrict_head
 from specdec.models.draft_quant import int8_draft
-
-from conftest import perturbed, tiny_model
+from specdec.proposers.policy import ConfidenceFloor
 
 SEEDS = range(4)
 
@@ -61,7 +61,7 @@ def drafters(draft, target, k):
         "restricted head": DraftModel(variant(draft, "head"), k),
         "restricted int8 self-draft": DraftModel(variant(target, "head+int8"), k),
         "hybrid": Hybrid(DraftModel(draft, k), PromptLookup(k, max_ngram=3)),
-        "adaptive k": DraftModel(draft, k, min_confidence=0.15),
+        "adaptive k": DraftModel(draft, k, policy=ConfidenceFloor(0.15)),
         "self": DraftModel(target, k),  # accepts everything: exercises the bonus path
         "lookup": PromptLookup(k, max_ngram=3),
     }
@@ -112,7 +112,7 @@ def test_draft_actually_speculates(seeded):
     lookup_rounds = sum(found.tokens.numel() > 0 for found in lookup_guesses)
     assert 0 < lookup_rounds < out_h.stats.rounds and hybrid.calls > 1
     # adaptive k: some rounds stop early, none guesses more than k
-    adaptive = generate(target, prompt, drafter=DraftModel(draft, 4, min_confidence=0.1), max_new_tokens=40,
+    adaptive = generate(target, prompt, drafter=DraftModel(draft, 4, policy=ConfidenceFloor(0.1)), max_new_tokens=40,
                         eos_token_id=[])
     assert max(adaptive.stats.proposed_lengths) == 4 and 0 < min(adaptive.stats.proposed_lengths[:-1]) < 4
 

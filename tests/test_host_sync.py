@@ -13,17 +13,15 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import perturbed, tiny_model
 from torch.overrides import TorchFunctionMode
 
 import specdec
 from specdec import DraftModel, generate
-from specdec.models.draft_head import restrict_head
-from specdec.decode.sampling import draw
-from specdec.decode.sampling import _invert
-
+from specdec.decode.sampling import _invert, draw
 from specdec.forward import prepare
-
-from conftest import perturbed, tiny_model
+from specdec.models.draft_head import restrict_head
+from specdec.proposers.policy import ConfidenceFloor
 
 # Tensor methods that return host values, or whose result size depends on tensor values.
 READS = {"item", "tolist", "__bool__", "__int__", "__float__", "__index__", "nonzero",
@@ -110,7 +108,7 @@ def test_counter_sees_a_read(pair):
     """The counter is live: the confidence stop of adaptive k reads the draft's top
     probability once per guess (documented: that rule needs the host)."""
     target, draft, _ = pair
-    out, reads = reads_of(target, DraftModel(draft, k=3, min_confidence=0.01))
+    out, reads = reads_of(target, DraftModel(draft, k=3, policy=ConfidenceFloor(0.01)))
     assert len(reads) > out.stats.rounds + FIXED
     assert any(name == "__float__" and where.startswith("draft.py") for name, where in reads)
 

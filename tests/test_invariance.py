@@ -13,16 +13,20 @@ import os
 
 import pytest
 import torch
+from conftest import perturbed, tiny_model
 from hypothesis import given
 from hypothesis import strategies as st
 
 from specdec import DraftModel, PromptLookup, TreeDraft, generate
-from specdec.forward import attention, block_invariant, prepare
-from specdec.forward.linear import BlockLinear, PackedLinear, QuantLinear, probe_min_rows
-from specdec.quant.weights import q4_rtn, q8_rtn
 from specdec.decode.lm import CausalLM
-
-from conftest import perturbed, tiny_model
+from specdec.forward import attention, block_invariant, prepare
+from specdec.forward.linear import (
+    BlockLinear,
+    PackedLinear,
+    QuantLinear,
+    probe_min_rows,
+)
+from specdec.quant.weights import q4_rtn, q8_rtn
 
 # scripts/cuda_check.sh runs this file on a GPU with SPECDEC_TEST_DEVICE=cuda.
 DEVICE = torch.device(os.environ.get("SPECDEC_TEST_DEVICE", "cpu"))

@@ -20,7 +20,7 @@ from gguf import GGMLQuantizationType, quants
 
 from specdec import kernels
 from specdec.errors import SpecdecError
-from specdec.quant.weights import q41_split, q4_rtn, q4k_split, q6k_split, q8_rtn
+from specdec.quant.weights import q4_rtn, q4k_split, q6k_split, q8_rtn, q41_split
 
 SHAPES = [(16, 32), (48, 96), (64, 896), (256, 1536), (32, 8960)]  # 896, 96: a short last super-block
 

@@ -9,8 +9,8 @@ import math
 
 import pytest
 
-from specdec.external import llamacpp
 from specdec.errors import SpecdecError
+from specdec.external import llamacpp
 
 SMOL = "smollm2-135m-instruct"
 PROMPTS = [
@@ -98,7 +98,6 @@ def test_generation_refuses_to_overrun_the_context(smol):
 @pytest.mark.real
 def test_prompt_lookup_speculation_runs_and_is_compared_with_plain(smol, hf_smol, capsys):
     from specdec import encode_prompt
-
     from specdec.models.registry import gguf_file
 
     _, tokenizer = hf_smol
@@ -134,8 +133,8 @@ def test_greedy_output_compared_with_transformers(smol, hf_smol, capsys):
 
 @pytest.mark.real
 def test_perplexity_is_finite_plausible_and_near_transformers(hf_smol, capsys):
-    from specdec.prompts.long import articles
     from specdec.models.registry import gguf_file
+    from specdec.prompts.long import articles
 
     model, tokenizer = hf_smol
     ids = tokenizer("\n\n".join(articles()[:3]), add_special_tokens=False)["input_ids"][:1200]

@@ -3,19 +3,25 @@ and hand-computed cases)."""
 
 import pytest
 import torch
+from conftest import word_tokenizer
 
 from specdec import DraftModel, PromptLookup, generate
+from specdec.cost.model import Acceptance, Costs, predicted_speedup
+from specdec.decode.lm import CausalLM, _shared_prefix
+from specdec.decode.stats import GenerationStats
+from specdec.errors import SpecdecError
 from specdec.methods.spec import Method
+from specdec.prompts.long import articles, long_prompt
 from specdec.tune.advise import bandwidth_verdict, recommend
 from specdec.tune.calibration import Calibration
-from specdec.cost.model import Acceptance, Costs, predicted_speedup
-from specdec.errors import SpecdecError
-from specdec.decode.lm import CausalLM, _shared_prefix
-from specdec.prompts.long import articles, long_prompt
-from specdec.tune.measure import copy_bandwidth, kv_bytes, read_bandwidth, measure_model, measured_kv_bytes, time_blocks
-from specdec.decode.stats import GenerationStats
-
-from conftest import word_tokenizer
+from specdec.tune.measure import (
+    copy_bandwidth,
+    kv_bytes,
+    measure_model,
+    measured_kv_bytes,
+    read_bandwidth,
+    time_blocks,
+)
 
 
 def fed_tokens(model) -> list[int]:

@@ -2,13 +2,20 @@
 
 import pytest
 import torch
+from conftest import tiny_model
 
 from specdec import DraftModel, Hybrid, PromptLookup, TreeDraft
-from specdec.methods.build import Drafts, build_proposer
 from specdec.errors import SpecdecError
-from specdec.methods.spec import DEFAULT_K, Method, legacy, parse, parse_list, resolve_auto
-
-from conftest import tiny_model
+from specdec.methods.build import Drafts, build_proposer
+from specdec.methods.kinds import KINDS, RUNNERS
+from specdec.methods.spec import (
+    DEFAULT_K,
+    Method,
+    legacy,
+    parse,
+    parse_list,
+    resolve_auto,
+)
 
 
 def test_method_parsing():
@@ -93,7 +100,7 @@ def test_each_spec_builds_its_proposer():
     none, lookup, draft, tree, hybrid = (build_proposer(m, drafts) for m in methods)
     assert none is None
     assert isinstance(lookup, PromptLookup) and (lookup.k, lookup.max_ngram) == (3, 2)
-    assert isinstance(draft, DraftModel) and (draft.k, draft.min_confidence) == (3, 0.5)
+    assert isinstance(draft, DraftModel) and (draft.k, draft.policy.floor) == (3, 0.5)
     assert not draft.lm.invariant  # a draft always runs as a proposer: logits in its dtype
     assert isinstance(tree, TreeDraft) and tree.width == 2 and isinstance(hybrid, Hybrid)
     for method in ("hf-assisted:k=2", "auto"):
@@ -123,3 +130,21 @@ def test_draft_variants_are_built_once_before_any_run():
     first = Drafts(plain)
     first.prepare([parse("draft")])
     assert first.model(("int8", None)) is not plain and isinstance(plain.lm_head, torch.nn.Linear)
+
+
+def test_every_kind_is_in_the_one_table_and_runs_where_it_says():
+    """Each kind's options, runner and builder come from methods.kinds: specdec's kinds build a
+    proposer that declares the engine's contract (draft runtime, may_lag, observe)."""
+    drafts = Drafts(tiny_model(1))
+    for name, kind in KINDS.items():
+        assert kind.runner in RUNNERS and (kind.build is not None) == (kind.runner == "specdec"), name
+    specs = [parse(t) for t in ("lookup:k=3", "draft:k=3", "draft:k=3:width=2", "hybrid:k=2", "draft:k=3:dyn=1")]
+    drafts.prepare(specs)
+    for method in specs:
+        proposer = build_proposer(method, drafts)
+        assert (proposer.draft_lm is not None) == method.uses_draft and isinstance(proposer.may_lag, bool)
+        assert proposer.may_lag == (method.kind == "hybrid")
+        proposer.observe(0, 0)
+    assert parse("draft:k=3:dyn=1").label == "draft:k=3:dyn=1" and parse("hf-ar").runner == "hf"
+    with pytest.raises(SpecdecError, match="bad option 'dyn=1'"):
+        parse("lookup:dyn=1")

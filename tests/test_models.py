@@ -13,9 +13,9 @@ from tokenizers import Tokenizer, pre_tokenizers
 from tokenizers.models import WordLevel
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
+from specdec.errors import SpecdecError
 from specdec.models import load as models
 from specdec.models import registry
-from specdec.errors import SpecdecError
 from specdec.models.load import check_same_vocab, load_model
 from specdec.models.registry import ModelSpec
 

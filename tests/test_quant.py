@@ -13,17 +13,17 @@ import json
 
 import pytest
 import torch
-
 from conftest import perturbed, tiny_model
+
 from specdec import DraftModel, PromptLookup, generate
 from specdec.errors import SpecdecError
 from specdec.forward import block_invariant
 from specdec.forward.linear import QuantLinear, SharedInputPart
 from specdec.models import quant_cache as qcache
-from specdec.models.quant_cache import cached, is_complete, quantize_model
 from specdec.models import quantized as qmodel
-from specdec.models.quantized import FORMAT, quantize_weights
 from specdec.models.draft_quant import quantize_draft
+from specdec.models.quant_cache import cached, is_complete, quantize_model
+from specdec.models.quantized import FORMAT, quantize_weights
 
 PROMPT = [3, 17, 42, 5, 9, 11, 3, 17, 42]
 SMOL = "smollm2-135m-instruct"

@@ -13,16 +13,15 @@ from collections import Counter
 
 import pytest
 import torch
+from conftest import perturbed, tiny_model
 
 from specdec import DraftModel, Hybrid, PromptLookup, generate
-from specdec.decode import verify
-from specdec.proposers.policy import PayRule
 from specdec.conform.check import chi2_pvalue, exact_joint, sampling_pvalues
+from specdec.decode import verify
+from specdec.decode.sampling import SamplingConfig, probs
 from specdec.models.draft_head import restrict_head
 from specdec.models.draft_quant import int8_draft
-from specdec.decode.sampling import SamplingConfig, probs
-
-from conftest import perturbed, tiny_model
+from specdec.proposers.policy import ConfidenceFloor, PayRule
 
 V, N, POSITIONS = 8, 2000, 4
 PROMPT = list(range(V)) * 2  # every token occurs, so prompt lookup always finds a match
@@ -83,7 +82,7 @@ def test_adaptive_k_sampling_matches_target(pair):
     # the generator and matched exactly, and fresh seeds 10^6.. gave p = 0.81 at N = 12000: a
     # fluctuation of that seed set, which larger N over the same seeds kept showing.)
     target, draft = pair
-    ps = pvalues(target, DraftModel(draft, 3, min_confidence=0.7), CONFIGS["plain"])
+    ps = pvalues(target, DraftModel(draft, 3, policy=ConfidenceFloor(0.7)), CONFIGS["plain"])
     assert min(ps) > PASS, ps
 
 
@@ -92,7 +91,7 @@ def test_pay_rule_sampling_matches_target(pair):
     # first rounds of 1, 2 and 3 guesses in 85, 20 and 95 of seeds 0..199.
     target, draft = pair
     rule = PayRule(0.05, (1.0, 1.0, 1.05, 1.1))
-    ps = pvalues(target, DraftModel(draft, 3, pay_rule=rule), CONFIGS["plain"])
+    ps = pvalues(target, DraftModel(draft, 3, policy=rule), CONFIGS["plain"])
     assert min(ps) > PASS, ps
 
 

@@ -13,15 +13,15 @@ from dataclasses import replace
 
 import httpx
 import pytest
+from test_endpoints import ADVICE
 
-from specdec.tune.advice import Advice, Choice
+from specdec.bench.store import read_rows
 from specdec.cli import main
-from specdec.tune.export import export
 from specdec.external.llama_server import LlamaServer
 from specdec.models.load import load_tokenizer
 from specdec.models.registry import gguf_file
-from specdec.bench.store import read_rows
-from test_endpoints import ADVICE
+from specdec.tune.advice import Advice, Choice
+from specdec.tune.export import export
 
 pytestmark = pytest.mark.real
 MODEL = "smollm2-135m-instruct"

@@ -10,16 +10,16 @@ from collections import Counter
 
 import pytest
 import torch
+from conftest import perturbed, tiny_model
+from test_sampling_exactness import CAUGHT, CONFIGS, PASS, make_pair, pvalues
 
 from specdec import DraftModel, TreeDraft, generate
-from specdec.decode import engine, verify_tree
 from specdec.conform.check import chi2_pvalue
+from specdec.decode import engine, verify_tree
 from specdec.decode.lm import CausalLM
 from specdec.decode.proposal import Proposal
 from specdec.decode.sampling import SamplingConfig, probs
-
-from conftest import perturbed, tiny_model
-from test_sampling_exactness import CAUGHT, CONFIGS, PASS, make_pair, pvalues
+from specdec.proposers.policy import ConfidenceFloor
 
 GREEDY = SamplingConfig(0.0)
 
@@ -82,7 +82,7 @@ def test_self_draft_and_branch_threshold(seeded):
                    eos_token_id=[], check=True)
     assert out.new_tokens == plain and out.stats.rounds < 40 / 4
     # adaptive chain length (the draft's min_confidence) still equals plain decoding
-    adaptive = generate(target, prompt, drafter=TreeDraft(DraftModel(draft, 4, min_confidence=0.3), width=2),
+    adaptive = generate(target, prompt, drafter=TreeDraft(DraftModel(draft, 4, policy=ConfidenceFloor(0.3)), width=2),
                         max_new_tokens=40, eos_token_id=[], check=True)
     assert adaptive.new_tokens == plain
 

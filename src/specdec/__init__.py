@@ -1,12 +1,12 @@
 """specdec: lossless speculative decoding for Hugging Face causal LMs."""
 
 from .decode.engine import GenerationResult, generate
+from .decode.sampling import SamplingConfig
+from .decode.stats import GenerationStats
 from .errors import SpecdecError
 from .models.load import load_model
 from .prompts.chat import encode_prompt
 from .proposers import DraftModel, Hybrid, PromptLookup, TreeDraft
-from .decode.sampling import SamplingConfig
-from .decode.stats import GenerationStats
 
 __all__ = [
     "DraftModel",

@@ -27,12 +27,13 @@ from ..conform.endpoints import DEFAULT_TOLERANCE, TOP_LOGPROBS, compare
 from ..external.endpoints.metrics import SpecCounters, parse_counters
 from ..external.endpoints.spec import Endpoint, Served, get, probe
 from ..external.endpoints.stream import Request, Streamed, complete
-from ..methods.spec import Method, parse
 from ..files import write_json_atomic
-from .store import read_rows
+from ..methods.spec import Method, parse
 from .agreement import DIFFERENCES, read_differences, row_key
-from .execute import WARMUP_TOKENS
 from .equality import same_output
+from .execute import WARMUP_TOKENS
+from .row import Measured
+from .store import read_rows
 
 Prompt = tuple[list[int], str]  # (ids for /v1/completions, text for /v1/chat/completions)
 
@@ -68,10 +69,10 @@ class EndpointExecutor:
     def warm_up(self, method: Method, prompt_ids: list[int]) -> None:
         self.complete(method, prompt_ids, min(WARMUP_TOKENS, self.settings.max_new_tokens))
 
-    def run(self, method: Method, prompt_ids: list[int], repeat: int) -> dict:
+    def run(self, method: Method, prompt_ids: list[int], repeat: int) -> Measured:
         return self.run_wave(method, [prompt_ids])[0]
 
-    def run_wave(self, method: Method, prompts: list[list[int]]) -> list[dict]:
+    def run_wave(self, method: Method, prompts: list[list[int]]) -> list[Measured]:
         """One row per prompt, all requests in flight at once (one alone on this thread, so that
         an interrupt stops it at once rather than after the request)."""
         counters = self._counters(method)
@@ -84,7 +85,7 @@ class EndpointExecutor:
                 streams = list(pool.map(one, prompts))
         rows = [endpoint_row(s, len(prompts)) for s in streams]
         if counters:
-            rows[0].update(counters().minus(before).row_fields())
+            rows[0].served.update(counters().minus(before).row_fields())
         return rows
 
     def close(self) -> None:
@@ -135,36 +136,15 @@ def explain_endpoint_differences(out: Path, executor: EndpointExecutor, prompt_i
     return known
 
 
-def endpoint_row(s: Streamed, concurrency: int) -> dict:
-    """The measurement fields of one endpoint row."""
+def endpoint_row(s: Streamed, concurrency: int) -> Measured:
+    """The measurements of one endpoint row (the server's memory is not this process's to measure)."""
     timings = s.timings or {}
     drafted = "draft_n" in timings
-    return {
-        "new_tokens": s.ids,
-        "text": s.text,
-        "n_new": s.n_tokens,
-        "finish_reason": s.finish_reason,
-        "prefill_s": s.ttft_s,
-        "decode_s": s.decode_s,
-        "decode_tokens": s.decode_tokens,
-        "tokens_per_s": s.decode_tokens / s.decode_s if s.decode_tokens > 0 and s.decode_s > 0 else None,
-        "ttft_s": s.ttft_s,
-        "concurrency": concurrency,
-        "times": {"prefill": s.ttft_s, "decode": s.decode_s},
-        "rounds": None,
-        "accept_source": "llama.cpp timings" if drafted else None,
-        "proposed": timings.get("draft_n"),
-        "accepted": timings.get("draft_n_accepted"),
-        "accept_lengths": None,
-        "proposed_lengths": None,
-        "position_judged": None,
-        "position_accepted": None,
-        "round_tokens": None,
-        "target_calls": None,
-        "draft_calls": None,
-        "server_timings": s.timings,
-        "peak_memory_bytes": None,  # the server's memory is not this process's to measure
-    }
+    served = {"text": s.text, "ttft_s": s.ttft_s, "concurrency": concurrency,
+              "accept_source": "llama.cpp timings" if drafted else None, "server_timings": s.timings}
+    return Measured(s.ids, s.n_tokens, s.finish_reason, s.ttft_s, s.decode_s, s.decode_tokens,
+                    {"prefill": s.ttft_s, "decode": s.decode_s}, proposed=timings.get("draft_n"),
+                    accepted=timings.get("draft_n_accepted"), served=served)
 
 
 class Routed:

@@ -1,12 +1,8 @@
 """One generation of one method on one prompt, timed: specdec's engine, transformers' generate(),
-or llama.cpp's greedy decoding of the target's GGUF (specdec.llamacpp, same prompt token ids).
-
-Both kinds of row carry the same measures: prefill_s (up to the first new token), decode_s (the
-rest), decode_tokens (tokens produced after the first chunk) and tokens_per_s = decode_tokens /
-decode_s, the engine's definition. Phase times, acceptance per round and per position exist only
-for specdec's methods; for HF methods the streamer's chunk sizes give the tokens committed per
-target call (`round_tokens`), and forward hooks count the model calls; llama.cpp's rows carry the
-outputs and times only.
+or llama.cpp's greedy decoding of the target's GGUF (specdec.external.llamacpp, same prompt token
+ids), each measured into a bench.row.Measured. For HF methods the streamer's chunk sizes give
+the tokens committed per target call (`round_tokens`), and forward hooks count the model calls;
+llama.cpp's rows carry the outputs and times only.
 """
 
 from __future__ import annotations
@@ -21,17 +17,19 @@ import torch
 from transformers import GenerationConfig, PreTrainedModel
 from transformers.generation import BaseStreamer
 
-from ..external import llamacpp
-from ..tune.advice import Advice
-from ..methods.build import Drafts, build_proposer
 from ..decode.engine import generate
-from ..errors import SpecdecError
-from ..forward import is_prepared
-from ..external.hf import generation_config
 from ..decode.lm import CausalLM
-from ..machine import PeakMemory, synchronize
-from ..methods.spec import Method
 from ..decode.sampling import SamplingConfig
+from ..errors import SpecdecError
+from ..external import llamacpp
+from ..external.hf import generation_config
+from ..forward import is_prepared
+from ..machine import PeakMemory, synchronize
+from ..methods.build import Drafts, build_proposer, policy_of
+from ..methods.spec import Method
+from ..proposers.policy import PayRule
+from ..tune.advice import Advice
+from .row import Measured
 
 # Tokens of the discarded warm-up generation: enough to run prefill and a few rounds of every
 # code path (first calls pay for allocation and thread start-up), short enough to cost little.
@@ -77,7 +75,7 @@ class Executor:
                 self._unmodified(self.drafts.model(m.draft_variant))
         for m in resolved:
             if m.pay:
-                build_proposer(m, self.drafts, self.advice)
+                policy_of(m, self._pay_rule(m))  # a missing or unfit --pay-rule fails here
         llama_methods = [m for m in resolved if m.is_llamacpp]
         if llama_methods:
             check_llamacpp(llama_methods, self.target_name, self.settings.sampling)
@@ -88,6 +86,9 @@ class Executor:
                 lookup = (m.k, m.ngram) if m.kind == "llamacpp-lookup" else None
                 self._llamas[m] = llamacpp.load(gguf, n_ctx=LLAMACPP_CONTEXT, lookup=lookup)
 
+    def _pay_rule(self, method: Method) -> PayRule | None:
+        return self.advice.rule_for(method) if self.advice else None
+
     def _unmodified(self, model: PreTrainedModel) -> PreTrainedModel:
         """The copy of `model` as loaded that transformers' methods run on, made on first use."""
         if id(model) not in self._stock:
@@ -97,54 +98,43 @@ class Executor:
             self._stock[id(model)] = copy.deepcopy(model)
         return self._stock[id(model)]
 
-    def run(self, method: Method, prompt_ids: list[int], repeat: int) -> dict:
-        """The measurement fields of one row."""
+    def run(self, method: Method, prompt_ids: list[int], repeat: int) -> Measured:
+        """The measurements of one row."""
         seed = None if self.settings.seed is None else self.settings.seed + repeat
         self.memory.reset()
         row = self._generate(method, prompt_ids, seed, self.settings.max_new_tokens)
-        row["peak_memory_bytes"] = self.memory.read()
+        row.peak_memory_bytes = self.memory.read()
         return row
 
     def warm_up(self, method: Method, prompt_ids: list[int]) -> None:
         self._generate(method, prompt_ids, self.settings.seed, min(WARMUP_TOKENS, self.settings.max_new_tokens))
 
-    def _generate(self, method: Method, prompt_ids: list[int], seed: int | None, max_new_tokens: int) -> dict:
+    def _generate(self, method: Method, prompt_ids: list[int], seed: int | None, max_new_tokens: int) -> Measured:
         method = self._resolved(method)
-        if method.is_hf:
-            return self._run_hf(method, prompt_ids, seed, max_new_tokens)
-        if method.is_llamacpp:
-            return self._run_llamacpp(method, prompt_ids, max_new_tokens)
-        return self._run_specdec(method, prompt_ids, seed, max_new_tokens)
+        runs = {"specdec": self._run_specdec, "hf": self._run_hf, "llamacpp": self._run_llamacpp}
+        if method.runner not in runs:
+            raise SpecdecError(f"{method.label} is not run by this executor")
+        return runs[method.runner](method, prompt_ids, seed, max_new_tokens)
 
     def _resolved(self, method: Method) -> Method:
         return self.auto if method.kind == "auto" else method
 
-    def _run_specdec(self, method: Method, prompt_ids: list[int], seed: int | None, max_new_tokens: int) -> dict:
+    def _run_specdec(self, method: Method, prompt_ids: list[int], seed: int | None, max_new_tokens: int) -> Measured:
         s = self.settings.sampling
         result = generate(
             CausalLM(self.target, preallocate=not method.cat), prompt_ids,
-            drafter=build_proposer(method, self.drafts, self.advice), max_new_tokens=max_new_tokens,
+            drafter=build_proposer(method, self.drafts, self._pay_rule(method)), max_new_tokens=max_new_tokens,
             temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, seed=seed,
             eos_token_id=list(self.settings.eos_token_ids),
         )
         st = result.stats
-        return {
-            **_common(result.new_tokens, result.finish_reason, st.times["prefill"], st.decode_seconds,
-                      len(result.new_tokens) - 1),
-            "times": dict(st.times),
-            "rounds": st.rounds,
-            "proposed": st.proposed,
-            "accepted": st.accepted,
-            "accept_lengths": st.accept_lengths,
-            "proposed_lengths": st.proposed_lengths,
-            "position_judged": st.position_judged,
-            "position_accepted": st.position_accepted,
-            "round_tokens": None,
-            "target_calls": st.target_calls,
-            "draft_calls": st.draft_calls,
-        }
+        new = result.new_tokens
+        return Measured(new, len(new), result.finish_reason, st.times["prefill"], st.decode_seconds, len(new) - 1,
+                        dict(st.times), st.rounds, st.proposed, st.accepted, st.accept_lengths, st.proposed_lengths,
+                        st.position_judged, st.position_accepted, target_calls=st.target_calls,
+                        draft_calls=st.draft_calls)
 
-    def _run_hf(self, method: Method, prompt_ids: list[int], seed: int | None, max_new_tokens: int) -> dict:
+    def _run_hf(self, method: Method, prompt_ids: list[int], seed: int | None, max_new_tokens: int) -> Measured:
         ids = torch.tensor([prompt_ids], dtype=torch.long, device=self.target.device)
         extra = self._hf_method_kwargs(method)
         clock = _TokenClock(lambda: synchronize(self.target.device))
@@ -162,24 +152,17 @@ class Executor:
         new = out[0, ids.shape[1]:].tolist()
         eos = set(self.settings.eos_token_ids)
         finish = "eos" if new and new[-1] in eos else "length"
-        return {
-            **_common(new, finish, clock.prefill_s, clock.decode_s, len(new) - clock.chunks[0]),
-            **_external(clock.prefill_s, clock.decode_s, len(clock.chunks) - 1, clock.chunks),
-            "target_calls": target_calls[0],
-            "draft_calls": draft_calls[0],
-        }
+        return Measured(new, len(new), finish, clock.prefill_s, clock.decode_s, len(new) - clock.chunks[0],
+                        {"prefill": clock.prefill_s, "decode": clock.decode_s}, rounds=len(clock.chunks) - 1,
+                        round_tokens=clock.chunks, target_calls=target_calls[0], draft_calls=draft_calls[0])
 
-    def _run_llamacpp(self, method: Method, prompt_ids: list[int], max_new_tokens: int) -> dict:
+    def _run_llamacpp(self, method: Method, prompt_ids: list[int], seed: int | None, max_new_tokens: int) -> Measured:
         if method not in self._llamas:
             self.prepare([method])
         out = llamacpp.generate(self._llamas[method], prompt_ids, max_new_tokens, self.settings.eos_token_ids)
-        return {
-            **_common(out.new_tokens, out.finish_reason, out.prefill_s, out.decode_s, out.decode_tokens),
-            # llama.cpp's generator hands out one token at a time, guessed or not: no rounds.
-            **_external(out.prefill_s, out.decode_s, None, None),
-            "target_calls": None,
-            "draft_calls": None,
-        }
+        # llama.cpp's generator hands out one token at a time, guessed or not: no rounds.
+        return Measured(out.new_tokens, len(out.new_tokens), out.finish_reason, out.prefill_s, out.decode_s,
+                        out.decode_tokens, {"prefill": out.prefill_s, "decode": out.decode_s})
 
     def _hf_config(self, method: Method, max_new_tokens: int) -> GenerationConfig:
         lookup = dict(prompt_lookup_num_tokens=method.k, max_matching_ngram_size=method.ngram)
@@ -218,31 +201,8 @@ def check_llamacpp(methods: list[Method], target_name: str | None, sampling: Sam
         raise SpecdecError(f"{label} needs llama-cpp-python: run bash scripts/setup_llamacpp.sh") from None
 
 
-def _external(prefill_s: float, decode_s: float, rounds: int | None, round_tokens: list[int] | None) -> dict:
-    """The fields of a row that another engine's generate (transformers', llama.cpp's) leaves unknown."""
-    return {
-        "times": {"prefill": prefill_s, "decode": decode_s},
-        "rounds": rounds,
-        "proposed": None,
-        "accepted": None,
-        "accept_lengths": None,
-        "proposed_lengths": None,
-        "position_judged": None,
-        "position_accepted": None,
-        "round_tokens": round_tokens,
-    }
 
 
-def _common(new_tokens: list[int], finish: str, prefill_s: float, decode_s: float, decode_tokens: int) -> dict:
-    return {
-        "new_tokens": new_tokens,
-        "n_new": len(new_tokens),
-        "finish_reason": finish,
-        "prefill_s": prefill_s,
-        "decode_s": decode_s,
-        "decode_tokens": decode_tokens,
-        "tokens_per_s": decode_tokens / decode_s if decode_tokens > 0 and decode_s > 0 else None,
-    }
 
 
 class _TokenClock(BaseStreamer):

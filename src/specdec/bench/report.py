@@ -7,16 +7,17 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-from matplotlib.backends.backend_agg import FigureCanvasAgg  # files only: no display needed
+from matplotlib.backends.backend_agg import (
+    FigureCanvasAgg,  # files only: no display needed
+)
 from matplotlib.figure import Figure
 
-from ..errors import SpecdecError
-
-from ..fmt import ms, num, pct, table
 from ..decode.stats import DECODE_PHASES
+from ..errors import SpecdecError
 from ..files import read_json, write_atomic, write_json_atomic, write_text_atomic
-from .store import CONFIG, RESULTS, SUMMARY, read_rows
+from ..fmt import ms, num, pct, table
 from .agreement import read_differences
+from .store import CONFIG, RESULTS, SUMMARY, read_rows
 from .summary import summarize
 
 REPORT = "report.md"

@@ -14,19 +14,20 @@ from typing import Protocol
 
 from tqdm import tqdm
 
-from ..prompts.datasets import Prompt
 from ..methods.spec import Method
+from ..prompts.datasets import Prompt
+from .row import Measured
 from .store import RowWriter, read_rows
 
 
 class Executes(Protocol):
-    def run(self, method: Method, prompt_ids: list[int], repeat: int) -> dict: ...
+    def run(self, method: Method, prompt_ids: list[int], repeat: int) -> Measured: ...
 
     def warm_up(self, method: Method, prompt_ids: list[int]) -> None: ...
 
 
 class ExecutesWaves(Executes, Protocol):
-    def run_wave(self, method: Method, prompts: list[list[int]]) -> list[dict]: ...
+    def run_wave(self, method: Method, prompts: list[list[int]]) -> list[Measured]: ...
 
 
 @dataclass(frozen=True)
@@ -96,7 +97,7 @@ def run_bench(
     return len(todo)
 
 
-def _measure(wave: list[Run], executor: Executes | ExecutesWaves) -> list[dict]:
+def _measure(wave: list[Run], executor: Executes | ExecutesWaves) -> list[Measured]:
     first = wave[0]
     if len(wave) == 1:
         return [executor.run(first.method, first.item.ids, first.repeat)]
@@ -111,7 +112,7 @@ def _warm_up(todo: list[Run], executor: Executes) -> None:
         executor.warm_up(method, first.ids)
 
 
-def _row(run: Run, measured: dict) -> dict:
+def _row(run: Run, measured: Measured) -> dict:
     p = run.item.prompt
     return {
         "prompt_id": p.id,
@@ -119,5 +120,5 @@ def _row(run: Run, measured: dict) -> dict:
         "method": run.method.label,
         "repeat": run.repeat,
         "n_prompt": len(run.item.ids),
-        **measured,
+        **measured.fields(),
     }

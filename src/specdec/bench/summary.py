@@ -10,12 +10,12 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ..cost.model import Acceptance, Costs, prediction_error, predicted_speedup
-from .served import server_acceptance
-from ..methods.spec import Method, legacy, parse
+from ..cost.model import Acceptance, Costs, predicted_speedup, prediction_error
 from ..decode.stats import DECODE_PHASES
+from ..methods.spec import Method, legacy, parse
 from .agreement import REFERENCE, agreement
 from .equality import greedy_equality
+from .served import server_acceptance
 
 BASELINE = "ar"
 BOOTSTRAP_RESAMPLES = 2000

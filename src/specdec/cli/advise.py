@@ -8,11 +8,20 @@ import sys
 from dataclasses import replace
 
 from ..errors import SpecdecError
-from ..tune.export import ENGINES
 from ..tune.advice import Advice
 from ..tune.advise import AdviseSettings
-from .args import (add_model_args, add_settings, at_least_one, draft_flags, load_target, options, quant_record,
-                   settings_of, setup_of)
+from ..tune.export import ENGINES
+from .args import (
+    add_model_args,
+    add_settings,
+    at_least_one,
+    draft_flags,
+    load_target,
+    options,
+    quant_record,
+    settings_of,
+    setup_of,
+)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -44,12 +53,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 def cmd_advise(args: argparse.Namespace) -> int:
     import torch
 
-    from ..tune.advice import save_advice
-    from ..prompts.datasets import Selection, load_prompts
-    from ..models.load import logit_width
     from ..machine import environment
-    from ..models.load import resolve_dtype
+    from ..models.load import logit_width, resolve_dtype
     from ..prompts.chat import encode_prompt
+    from ..prompts.datasets import Selection, load_prompts
+    from ..tune.advice import save_advice
     from ..tune.advise import candidates, run_advise
     from ..tune.render import render
 
@@ -123,9 +131,10 @@ def _load_random(args: argparse.Namespace):
 
     if args.draft_vocab:
         raise SpecdecError("--draft-vocab counts token frequencies with the tokenizer: not with --random-weights")
-    from ..models.quant_cache import quantize_model
+    from ..models.quant_cache import check_options, quantize_model
 
     # Rounded, not from the GGUF: a random model's costs do not depend on the weights' values.
+    check_options(args.target_quant, args.quant_group, args.device)
     target = quantize_model(random_model(args.target, args.dtype, args.device), None, args.target_quant,
                             args.quant_group)
     draft = None if args.draft == "none" else random_model(args.draft, args.dtype, args.device)

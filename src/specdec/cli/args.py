@@ -14,7 +14,8 @@ import dataclasses
 import sys
 
 from ..errors import SpecdecError
-from ..methods.spec import KINDS, Flags, Method, parse, resolve_auto
+from ..methods.kinds import KINDS
+from ..methods.spec import Flags, Method, parse, resolve_auto
 from ..quant import MODES
 
 
@@ -172,7 +173,7 @@ def load_proposer(args: argparse.Namespace):
     if said:  # said once the target is known to load, so a bad name still gives a one-line error
         print(f"[specdec] auto: {said}", file=sys.stderr)
     drafts = load_drafts(args, target, tokenizer, [method])
-    return target, tokenizer, method, build_proposer(method, drafts, advice)
+    return target, tokenizer, method, build_proposer(method, drafts, advice.rule_for(method) if advice else None)
 
 
 def ints(text: str, name: str) -> tuple[int, ...]:

@@ -9,14 +9,24 @@ import sys
 from pathlib import Path
 
 from ..errors import SpecdecError
-from ..methods.spec import KINDS, Method
-from .args import (add_model_args, add_sampling_args, at_least_one, draft_flags, load_advice, load_drafts, load_target,
-                   quant_record, resolve)
+from ..methods.kinds import KINDS
+from ..methods.spec import Method
+from .args import (
+    add_model_args,
+    add_sampling_args,
+    at_least_one,
+    draft_flags,
+    load_advice,
+    load_drafts,
+    load_target,
+    quant_record,
+    resolve,
+)
 
 DEFAULT_METHODS = "ar,draft,lookup"
 METHODS_HELP = (
     "comma list of method specs, KIND[:OPTION=VALUE]...: "
-    + "; ".join(f"{kind} ({', '.join(options) or 'no options'})" for kind, options in KINDS.items())
+    + "; ".join(f"{name} ({', '.join(kind.options) or 'no options'})" for name, kind in KINDS.items())
     + ". E.g. ar,draft:k=2:quant=int8,draft:k=4:conf=0.7,lookup:k=8:ngram=3,hybrid:k=2,hf-assisted:k=2,llamacpp. "
     "llamacpp: llama.cpp's greedy decoding of the (registry) target's GGUF, llamacpp-lookup its prompt lookup. "
     "k defaults to 2, ngram to 3; cat=1 on a specdec method: transformers' concatenating KV cache instead "
@@ -67,18 +77,22 @@ def cmd_bench(args: argparse.Namespace) -> int:
     import torch
 
     from ..bench.agreement import REFERENCE, explain_differences
-    from ..bench.endpoint import EndpointExecutor, EndpointSettings, Routed, explain_endpoint_differences
+    from ..bench.endpoint import (
+        EndpointExecutor,
+        EndpointSettings,
+        Routed,
+        explain_endpoint_differences,
+    )
     from ..bench.execute import Executor, RunSettings, check_llamacpp
     from ..bench.report import REPORT, report_folder
     from ..bench.runner import EncodedPrompt, run_bench
-    from ..prompts.datasets import Selection, load_prompts
-    from ..decode.engine import eos_token_ids
+    from ..bench.store import RESULTS, check_out_dir, read_rows
+    from ..decode.sampling import SamplingConfig
     from ..machine import PeakMemory
     from ..methods.spec import parse, parse_list
-    from ..models.load import load_tokenizer
+    from ..models.load import eos_token_ids, load_tokenizer
     from ..prompts.chat import encode_prompt
-    from ..decode.sampling import SamplingConfig
-    from ..bench.store import RESULTS, check_out_dir, read_rows
+    from ..prompts.datasets import Selection, load_prompts
 
     text = args.methods if args.methods is not None else "" if args.endpoint else DEFAULT_METHODS
     local = parse_list(text, {**draft_flags(args), "ngram": ("--max-ngram", args.max_ngram)}) if text else []
@@ -182,10 +196,10 @@ def bench_config(args: argparse.Namespace, methods: list[Method], prompts, datas
                  auto: Method | None = None) -> dict:
     """Everything that makes two runs' rows comparable; --resume refuses a folder whose config
     differs (but for when it started: store.VOLATILE)."""
-    from ..prompts.datasets import file_sha256
+    from ..bench.execute import WARMUP_TOKENS
     from ..machine import KINDS, environment
     from ..models.load import resolve_dtype
-    from ..bench.execute import WARMUP_TOKENS
+    from ..prompts.datasets import file_sha256
 
     labels = [m.label for m in methods]
     dtype = resolve_dtype(args.dtype, args.device)

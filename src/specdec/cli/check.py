@@ -7,9 +7,17 @@ import json
 import sys
 import time
 
-from ..errors import SpecdecError
 from ..conform.check import CheckPlan
-from .args import add_method_args, add_model_args, add_settings, load_proposer, method_of, quant_record, settings_of
+from ..errors import SpecdecError
+from .args import (
+    add_method_args,
+    add_model_args,
+    add_settings,
+    load_proposer,
+    method_of,
+    quant_record,
+    settings_of,
+)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -36,8 +44,8 @@ def cmd_check(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from ..conform import check
-    from ..decode.engine import eos_token_ids
     from ..external.hf import hf_greedy
+    from ..models.load import eos_token_ids
     from ..prompts.chat import encode_prompt
 
     if args.endpoint or args.reference:

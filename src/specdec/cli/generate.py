@@ -8,7 +8,13 @@ import sys
 from pathlib import Path
 
 from ..errors import SpecdecError
-from .args import add_method_args, add_model_args, add_sampling_args, at_least_one, load_proposer
+from .args import (
+    add_method_args,
+    add_model_args,
+    add_sampling_args,
+    at_least_one,
+    load_proposer,
+)
 
 
 def register(sub: argparse._SubParsersAction) -> None:

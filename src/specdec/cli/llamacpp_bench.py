@@ -51,11 +51,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     import json
     import statistics
 
-    from ..prompts.datasets import Selection, load_prompts
     from ..bench.execute import WARMUP_TOKENS
     from ..machine import load_average
     from ..models.registry import DEFAULT_TARGET, gguf_file
     from ..prompts.chat import encode_prompt
+    from ..prompts.datasets import Selection, load_prompts
 
     parser = argparse.ArgumentParser(prog="python -m specdec.cli.llamacpp_bench")
     parser.add_argument("--model", default=DEFAULT_TARGET)

@@ -49,8 +49,8 @@ def cmd_perplexity(args: argparse.Namespace) -> int:
     at_least_one(args, "tokens", "window", "stride")
     if "llamacpp" in engines:
         from ..bench.execute import check_llamacpp
-        from ..methods.spec import Method
         from ..decode.sampling import SamplingConfig
+        from ..methods.spec import Method
 
         check_llamacpp([Method("llamacpp")], args.target, SamplingConfig())
     ids = article_ids(args.target, args.tokens)
@@ -64,8 +64,8 @@ def article_ids(target: str, tokens: int) -> list[int]:
     """The leading `tokens` token ids of the bundled news articles, by the target's tokenizer."""
     from transformers import AutoTokenizer
 
-    from ..prompts.long import articles
     from ..models.registry import REGISTRY, converted_folder
+    from ..prompts.long import articles
 
     folder = converted_folder(REGISTRY[target]) if target in REGISTRY else target
     tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)

@@ -8,8 +8,18 @@ from pathlib import Path
 
 from ..errors import SpecdecError
 from ..tune.sweep import SweepSettings
-from .args import (add_model_args, add_settings, at_least_one, draft_flags, ints, load_drafts, load_target, options,
-                   quant_record, settings_of)
+from .args import (
+    add_model_args,
+    add_settings,
+    at_least_one,
+    draft_flags,
+    ints,
+    load_drafts,
+    load_target,
+    options,
+    quant_record,
+    settings_of,
+)
 
 SWEEP_ROWS_MD, SWEEP_PLOT, SWEEP_SUMMARY = "sweep.md", "sweep.png", "sweep.json"
 
@@ -34,10 +44,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
     from tqdm import tqdm
 
+    from ..bench.store import RowWriter, check_out_dir, read_rows
     from ..machine import environment
     from ..methods.spec import parse_list
     from ..models.load import resolve_dtype
-    from ..bench.store import RowWriter, check_out_dir, read_rows
     from ..tune.sweep import check_methods, sweep_context
 
     methods = parse_list(args.methods, draft_flags(args))

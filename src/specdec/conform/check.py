@@ -27,10 +27,10 @@ import torch
 from scipy.stats import chisquare
 from transformers import PreTrainedModel
 
-from .ties import first_difference
 from ..decode.engine import generate
 from ..decode.proposal import Proposer
 from ..decode.sampling import SamplingConfig, probs
+from .ties import first_difference
 
 GREEDY_PROMPTS = (
     "Write a Python function that checks whether a string is a palindrome.",

@@ -20,9 +20,9 @@ from dataclasses import asdict, dataclass
 
 import httpx
 
-from .ties import tie_kind
 from ..external.endpoints.spec import Endpoint, probe
 from ..external.endpoints.stream import Request, Streamed, complete
+from .ties import tie_kind
 
 # Gap (in log-probability, which is the logit gap) below which a difference between two servers
 # counts as a near-tie. llama.cpp computes logits in float32, but from activations quantized to

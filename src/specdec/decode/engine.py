@@ -7,8 +7,8 @@ forward: block = [pending, d1..dk], whose row i judges d(i+1) and whose last row
 bonus. The first new token comes from the prefill's last row, as in plain decoding.
 
 A tree proposal (Proposal.parents set) is scored in one forward too, with a tree attention
-mask (CausalLM.forward_tree); the cache then keeps the pending token and the accepted path
-only (CausalLM.keep_positions), so the convention above holds after every round.
+mask (Runtime.forward_tree); the cache then keeps the pending token and the accepted path
+only (Runtime.keep_positions), so the convention above holds after every round.
 
 Host synchronisation: acceptance is decided on the device (verify.py) and a round reads back
 one packed tensor (_fetch: the accepted count, both models' NaN/inf flags, the tokens), so on
@@ -26,6 +26,8 @@ import torch
 from transformers import PreTrainedModel
 
 from ..errors import SpecdecError
+from ..models.load import token_ids
+from .interface import Runtime
 from .lm import CausalLM
 from .proposal import Proposal, Proposer
 from .sampling import SamplingConfig, pick
@@ -54,7 +56,7 @@ class GenerationInterrupted(KeyboardInterrupt):
 
 
 def generate(
-    target: PreTrainedModel | CausalLM,
+    target: PreTrainedModel | Runtime,
     input_ids: torch.Tensor | Sequence[int],
     *,
     drafter: Proposer | None = None,
@@ -73,15 +75,15 @@ def generate(
 
     `eos_token_id=None` takes the model's generation config; pass [] to never stop early.
     `check=True` also asserts every cache layer's length each round (debug mode).
-    `reuse_prefix=True` keeps the part of a passed-in CausalLM's (and the draft's) cache that
+    `reuse_prefix=True` keeps the part of a passed-in runtime's (and the draft's) cache that
     already holds the prompt's prefix, so runs over one long context prefill it once.
     """
     cfg = SamplingConfig(temperature, top_k, top_p)
-    lm = target if isinstance(target, CausalLM) else CausalLM(target)
+    lm = CausalLM(target) if isinstance(target, PreTrainedModel) else target
     prompt = _prompt_tensor(input_ids, lm)
     if max_new_tokens < 1:
         raise SpecdecError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    eos = frozenset(eos_token_ids(lm.model) if eos_token_id is None else _as_ids(eos_token_id))
+    eos = frozenset(lm.eos_token_ids if eos_token_id is None else token_ids(eos_token_id))
     generator = torch.Generator(device=lm.device)
     generator.manual_seed(seed if seed is not None else int(torch.seed()))
 
@@ -91,7 +93,7 @@ def generate(
     seq[: prompt.numel()] = prompt
     length = prompt.numel()
 
-    draft_lm = _draft_lm(drafter)
+    draft_lm = drafter.draft_lm if drafter is not None else None
     models = [lm] if draft_lm is None else [lm, draft_lm]
 
     def commit(guesses: torch.Tensor, count: torch.Tensor, next_token: torch.Tensor) -> tuple[bool, int]:
@@ -134,12 +136,13 @@ def generate(
             rows = _score(lm, seq[length - 1 : length], proposal)
             clock.lap("verify")
             done, accepted = commit(*_accept(lm, rows, proposal, cfg, generator))
-            lm.cache.trim(length - 1)
+            lm.trim(length - 1)
             if drafter is not None:
+                drafter.observe(proposal.tokens.numel(), accepted)
                 drafter.rollback(length)
             stats.record_round(proposal.tokens.numel(), accepted)
             # A round that asked for no guesses (the last one) leaves the draft untouched.
-            _assert_caches(lm, draft_lm if k else None, getattr(drafter, "may_lag", False), length, check)
+            _assert_caches(lm, draft_lm if k else None, drafter is not None and drafter.may_lag, length, check)
             clock.lap("accept")
     except KeyboardInterrupt as interrupt:
         raise GenerationInterrupted(result("interrupted")) from interrupt
@@ -147,7 +150,7 @@ def generate(
 
 
 def _fetch(
-    guesses: torch.Tensor, count: torch.Tensor, next_token: torch.Tensor, models: list[CausalLM]
+    guesses: torch.Tensor, count: torch.Tensor, next_token: torch.Tensor, models: list[Runtime]
 ) -> tuple[list[int], int]:
     """The round's one device-to-host transfer: the accepted count, every model's first
     non-finite logits position (raised here) and the tokens, read together. Returns the
@@ -160,14 +163,7 @@ def _fetch(
     return tokens[:accepted] + tokens[-1:], accepted
 
 
-def _draft_lm(drafter: Proposer | None) -> CausalLM | None:
-    """The draft model behind a proposer (inside a hybrid or tree too), if it has one."""
-    inner = getattr(drafter, "draft", drafter)
-    draft_lm = getattr(inner, "lm", None)
-    return draft_lm if isinstance(draft_lm, CausalLM) else None
-
-
-def _score(lm: CausalLM, pending: torch.Tensor, proposal: Proposal) -> torch.Tensor:
+def _score(lm: Runtime, pending: torch.Tensor, proposal: Proposal) -> torch.Tensor:
     """The target's rows for the block [pending] + proposal: a chain, or a tree in one forward."""
     block = torch.cat([pending, proposal.tokens])
     if proposal.parents is None:
@@ -176,7 +172,7 @@ def _score(lm: CausalLM, pending: torch.Tensor, proposal: Proposal) -> torch.Ten
 
 
 def _accept(
-    lm: CausalLM, rows: torch.Tensor, proposal: Proposal, cfg: SamplingConfig, generator
+    lm: Runtime, rows: torch.Tensor, proposal: Proposal, cfg: SamplingConfig, generator
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The guesses in the order they would be committed, how many of them were accepted (0-d)
     and the target's next token, all on the device. A tree's cache then keeps only the accepted
@@ -196,7 +192,7 @@ def _verify(rows: torch.Tensor, proposal: Proposal, cfg: SamplingConfig, generat
     return verify_sampling(rows, proposal.tokens, proposal.q, cfg, generator)
 
 
-def _assert_caches(lm: CausalLM, draft_lm: CausalLM | None, may_lag: bool, length: int, check: bool) -> None:
+def _assert_caches(lm: Runtime, draft_lm: Runtime | None, may_lag: bool, length: int, check: bool) -> None:
     """The cache convention (docs/design.md). A proposer that `may_lag` (the hybrid: its draft
     is not called in lookup rounds) may leave its draft's cache further behind, never ahead."""
     if lm.length != length - 1:
@@ -206,15 +202,15 @@ def _assert_caches(lm: CausalLM, draft_lm: CausalLM | None, may_lag: bool, lengt
         raise AssertionError(f"draft cache holds {draft_lm.length} positions, committed {length}")
     if check:
         for model in (lm, draft_lm) if draft_lm is not None else (lm,):
-            if len(set(model.cache.layer_lengths())) > 1:
-                raise AssertionError(f"cache layers disagree: {model.cache.layer_lengths()}")
+            if len(set(model.layer_lengths())) > 1:
+                raise AssertionError(f"cache layers disagree: {model.layer_lengths()}")
 
 
-def _prompt_tensor(input_ids: torch.Tensor | Sequence[int], lm: CausalLM) -> torch.Tensor:
+def _prompt_tensor(input_ids: torch.Tensor | Sequence[int], lm: Runtime) -> torch.Tensor:
     prompt = torch.as_tensor(input_ids, dtype=torch.long, device=lm.device).flatten()
     if prompt.numel() == 0:
         raise SpecdecError("the prompt is empty: give at least one token")
-    limit = getattr(lm.model.config, "max_position_embeddings", None)
+    limit = lm.max_positions
     if limit is not None and prompt.numel() >= limit:
         raise SpecdecError(
             f"the prompt has {prompt.numel()} tokens but the model's context is {limit}: shorten it"
@@ -225,12 +221,3 @@ def _prompt_tensor(input_ids: torch.Tensor | Sequence[int], lm: CausalLM) -> tor
         )
     return prompt
 
-
-def eos_token_ids(model: PreTrainedModel) -> tuple[int, ...]:
-    """The model's end-of-sequence ids from its generation config (generate's default)."""
-    eos = getattr(model.generation_config, "eos_token_id", None)
-    return () if eos is None else _as_ids(eos)
-
-
-def _as_ids(eos_token_id: int | Sequence[int]) -> tuple[int, ...]:
-    return (eos_token_id,) if isinstance(eos_token_id, int) else tuple(int(t) for t in eos_token_id)

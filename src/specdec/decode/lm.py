@@ -6,11 +6,10 @@ from __future__ import annotations
 import torch
 from transformers import PreTrainedModel
 
-from .cache import KVCache, PreallocatedLayer, cache_keyword
 from ..errors import SpecdecError
 from ..forward import attention, block_invariant, prefer_gqa_attention, prepare
-from ..models.load import logit_width
-
+from ..models.load import eos_token_ids, logit_width
+from .cache import KVCache, PreallocatedLayer, cache_keyword
 
 # Prompts are prefilled in blocks of at most this many tokens: a forward's activations (the MLP's
 # intermediate rows, attention scores where SDPA materialises them) grow with its rows: at 8K one
@@ -45,6 +44,8 @@ class CausalLM:
         self.invariant = invariant
         self.device = model.device
         self.vocab_size = logit_width(model)
+        self.max_positions = getattr(model.config, "max_position_embeddings", None)
+        self.eos_token_ids = eos_token_ids(model)
         self._cache_kw = cache_keyword(model)
         self.preallocate = preallocate
         self.cache = KVCache(model, preallocate)
@@ -100,6 +101,12 @@ class CausalLM:
             self._run(rest[:PREFILL_CHUNK], self._positions(PREFILL_CHUNK), None, True, None)
             rest = rest[PREFILL_CHUNK:]
         return self._run(rest, self._positions(rest.numel()), None, True, None)
+
+    def trim(self, length: int) -> None:
+        self.cache.trim(length)
+
+    def layer_lengths(self) -> list[int]:
+        return self.cache.layer_lengths()
 
     def keep_prefix_of(self, tokens: torch.Tensor) -> None:
         """Trim the cache to the longest prefix of its positions that holds `tokens`' start."""

@@ -18,14 +18,21 @@ from collections.abc import Iterable
 
 from transformers import PreTrainedModel
 
-from ..tune.advice import Advice
-from ..models.draft_head import restrict_to_frequent
-from ..errors import SpecdecError
 from ..decode.lm import CausalLM
-from .spec import Method
-from ..proposers import DraftModel, Hybrid, PromptLookup, TreeDraft
 from ..decode.proposal import Proposer
+from ..errors import SpecdecError
+from ..models.draft_head import restrict_to_frequent
 from ..models.draft_quant import quantize_draft
+from ..proposers import DraftModel
+from ..proposers.policy import (
+    AcceptanceSchedule,
+    ConfidenceFloor,
+    PayRule,
+    Policy,
+    combined,
+)
+from .kinds import KINDS
+from .spec import Method
 
 Variant = tuple[str | None, int | None]  # (quant, vocab), as Method.draft_variant
 PLAIN: Variant = (None, None)
@@ -90,23 +97,19 @@ class Drafts:
         return quantize_draft(model, quant, self.source, self.group) if quant else model
 
 
-def build_proposer(method: Method, drafts: Drafts | None = None, advice: Advice | None = None) -> Proposer | None:
-    """The proposer that runs `method` (None: plain decoding). `advice` gives the cost terms of
-    methods with pay=1 (`--pay-rule FILE`)."""
-    if method.kind == "ar":
-        return None
-    if not method.speculative:
-        check_specdec(method)
-        raise SpecdecError(f"{method.label} has no specdec proposer")  # auto: resolve it first
-    if method.kind == "lookup":
-        return PromptLookup(method.k, max_ngram=method.ngram)
-    if drafts is None:
-        raise SpecdecError(f"{method.label} needs a draft model: pass --draft NAME")
-    rule = pay_rule(method, advice)
-    draft = DraftModel(drafts.lm(method), method.k, method.conf or 0.0, rule)
-    if method.kind == "hybrid":
-        return Hybrid(draft, PromptLookup(method.k, max_ngram=method.ngram))
-    return TreeDraft(draft, width=method.width) if method.width else draft
+def build_proposer(method: Method, drafts: Drafts | None = None, pay: PayRule | None = None) -> Proposer | None:
+    """The proposer that runs `method` (None: plain decoding). `pay` is the cost model's rule of a
+    method with pay=1 (from `--pay-rule FILE`: specdec.tune.advice.Advice.pay_rule)."""
+    kind = KINDS[method.kind]
+    check_specdec(method)
+    if kind.build is None:  # auto: resolve it first
+        raise SpecdecError(f"{method.label} has no specdec proposer")
+    draft = None
+    if kind.uses_draft:
+        if drafts is None:
+            raise SpecdecError(f"{method.label} needs a draft model: pass --draft NAME")
+        draft = DraftModel(drafts.lm(method), method.k, policy_of(method, pay))
+    return kind.build(method, draft)
 
 
 def check_specdec(method: Method) -> None:
@@ -117,10 +120,11 @@ def check_specdec(method: Method) -> None:
                            "run in specdec bench only")
 
 
-def pay_rule(method: Method, advice: Advice | None):
-    """The pay rule of a method with pay=1, None otherwise; refused without the advice file."""
-    if not method.pay:
-        return None
-    if advice is None:
+def policy_of(method: Method, pay: PayRule | None = None) -> Policy:
+    """The adaptive-k policy of a draft method's conf, pay and dyn options (all that are set)."""
+    if method.pay and pay is None:
         raise SpecdecError(f"method {method.label} needs --pay-rule FILE (the JSON of `specdec advise --json`)")
-    return advice.pay_rule(method)
+    policies = [ConfidenceFloor(method.conf)] if method.conf else []
+    policies += [pay] if method.pay else []
+    policies += [AcceptanceSchedule(method.k)] if method.dyn else []
+    return combined(policies)

@@ -3,12 +3,12 @@
     KIND[:OPTION=VALUE]...
 
     ar                          plain decoding (`none` is the same method)
-    auto                        what `specdec advise` measured best here (specdec.advice)
-    draft:k=4:quant=int8:vocab=32768:conf=0.7:width=2
+    auto                        what `specdec advise` measured best here (specdec.tune.advice)
+    draft:k=4:quant=int8:vocab=32768:conf=0.7:width=2, draft:k=6:dyn=1
     lookup:k=8:ngram=3
     hybrid:k=2                  prompt lookup when an n-gram matches, else the draft
     hf-ar, hf-assisted:k=4, hf-lookup:k=4:ngram=3      transformers' own generate()
-    llamacpp, llamacpp-lookup:k=10:ngram=2   llama.cpp on the target's GGUF (specdec.llamacpp)
+    llamacpp, llamacpp-lookup:k=10:ngram=2   llama.cpp on the target's GGUF (specdec.external.llamacpp)
     endpoint:name=spec          an OpenAI-compatible server given by bench's --endpoint spec=URL
 
 A spec is parsed and checked once (`parse`): an option its kind does not take, or one that
@@ -16,17 +16,19 @@ contradicts another, is a one-line error naming it. `Method.label` is the canoni
 every option the method runs with, in one order, so equal methods have equal labels. generate's
 and check's flags (-k, --draft-int8, ...) and bench's, sweep's and advise's --draft-int8,
 --draft-vocab and --max-ngram fold into the specs (`parse(..., flags)`), so each command runs
-what one spec says. specdec.build turns a spec into a proposer.
+what one spec says. The kinds and their options are one table (specdec.methods.kinds);
+specdec.methods.build turns a spec into a proposer.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
 from ..errors import SpecdecError
-from ..quant import MODES
+from .kinds import KINDS
+from .options import OPTIONS
 
 # Measured on the 2-core Xeon (docs/generate.md): a verify block of 2-3 rows (k <= 2) costs ~1.1
 # target steps, 4-6 rows ~1.9, so k=2 pays best there.
@@ -34,76 +36,6 @@ DEFAULT_K = 2
 DEFAULT_NGRAM = 3  # the longest n-gram prompt lookup matches
 
 
-def _whole(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise ValueError("must be a whole number") from None
-    if value < 1:
-        raise ValueError("must be >= 1")
-    return value
-
-
-def _probability(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise ValueError("must be a number") from None
-    if not 0.0 < value < 1.0:
-        raise ValueError("must lie strictly between 0 and 1")
-    return value
-
-
-def _switch(text: str) -> bool:
-    if text not in ("0", "1"):
-        raise ValueError("takes 1 (on) or 0 (off)")
-    return text == "1"
-
-
-def _quant(text: str) -> str | None:
-    if text not in MODES:
-        raise ValueError(f"takes {', '.join(MODES)}")
-    return None if text == "none" else text
-
-
-def _name(text: str) -> str:
-    if not text or not all(c.isalnum() or c in "_.-" for c in text):
-        raise ValueError("takes letters, digits, '_', '.' and '-'")
-    return text
-
-
-def _width(text: str) -> int | None:
-    value = _whole(text)
-    return None if value == 1 else value  # one token per depth: a plain chain
-
-
-# option -> (how its value is read, what it means); the order is the label's.
-OPTIONS: dict[str, tuple[Callable[[str], Any], str]] = {
-    "k": (_whole, "tokens guessed per round (the most, with conf or pay)"),
-    "ngram": (_whole, "longest n-gram prompt lookup matches"),
-    "quant": (_quant, "the draft's linear layers as 8-bit or 4-bit codes (specdec.quant, specdec.quantize)"),
-    "vocab": (_whole, "the draft scores only the N most frequent token ids (specdec.draft_head)"),
-    "conf": (_probability, "adaptive k: a round stops after a draft probability below P"),
-    "pay": (_switch, "adaptive k by the cost model, from --pay-rule FILE (specdec.adaptive)"),
-    "width": (_width, "tree: beside each draft guess its W-1 next most likely tokens"),
-    "cat": (_switch, "KV caches grown by concatenation (transformers') instead of preallocated"),
-    "name": (_name, "the endpoint's name in --endpoint NAME=URL (specdec.endpoints)"),
-}
-_DRAFT = ("k", "quant", "vocab", "conf", "pay")
-KINDS: dict[str, tuple[str, ...]] = {
-    "ar": ("cat",),
-    # auto's options override what it resolves to, where that method takes them (resolve_auto)
-    "auto": ("k", "ngram", "quant", "vocab", "conf", "pay", "width"),
-    "draft": (*_DRAFT, "width", "cat"),
-    "lookup": ("k", "ngram", "cat"),
-    "hybrid": ("k", "ngram", *_DRAFT[1:], "cat"),
-    "hf-ar": (),
-    "hf-assisted": ("k", "quant"),
-    "hf-lookup": ("k", "ngram"),
-    "llamacpp": (),
-    "llamacpp-lookup": ("k", "ngram"),
-    "endpoint": ("name",),
-}
 ALIASES = {"none": "ar"}
 _DEFAULTS = {"k": DEFAULT_K, "ngram": DEFAULT_NGRAM}
 
@@ -117,6 +49,7 @@ class Method:
     vocab: int | None = None  # None: the draft scores every token id
     conf: float | None = None
     pay: bool = False
+    dyn: bool = False
     width: int | None = None  # None: a chain
     cat: bool = False
     name: str | None = None  # an endpoint's
@@ -135,31 +68,36 @@ class Method:
         return self.label
 
     @property
+    def runner(self) -> str:
+        """Who generates its tokens (specdec.methods.kinds.RUNNERS)."""
+        return KINDS[self.kind].runner
+
+    @property
     def is_hf(self) -> bool:
-        return self.kind.startswith("hf-")
+        return self.runner == "hf"
 
     @property
     def is_llamacpp(self) -> bool:
-        return self.kind.startswith("llamacpp")
+        return self.runner == "llamacpp"
 
     @property
     def is_endpoint(self) -> bool:
-        return self.kind == "endpoint"
+        return self.runner == "endpoint"
 
     @property
     def external(self) -> bool:
         """Another engine's own generation runs it (transformers', llama.cpp's, a server's): bench only."""
-        return self.is_hf or self.is_llamacpp or self.is_endpoint
+        return self.runner in ("hf", "llamacpp", "endpoint")
 
     @property
     def speculative(self) -> bool:
         """One of specdec's proposers runs (not plain decoding, not transformers')."""
-        return self.kind in ("draft", "lookup", "hybrid")
+        return self.runner == "specdec" and self.kind != "ar"
 
     @property
     def uses_draft(self) -> bool:
         """The draft model runs."""
-        return self.kind in ("draft", "hybrid", "hf-assisted")
+        return KINDS[self.kind].uses_draft
 
     @property
     def draft_variant(self) -> tuple[str | None, int | None]:
@@ -167,7 +105,7 @@ class Method:
         return self.quant, self.vocab
 
     def family(self) -> Method:
-        """The method without its round options (k, conf, pay, width, cat): what a draft variant
+        """The method without its round options (k, conf, pay, dyn, width, cat): what a draft variant
         or a proposer is called in an advice record."""
         return Method(self.kind, ngram=self.ngram, quant=self.quant, vocab=self.vocab)
 
@@ -180,7 +118,7 @@ def parse(text: str, flags: Flags | None = None) -> Method:
     """One spec, with the values of flags folded in (each must apply to it)."""
     kind, given = _read(text)
     for option, (flag, value) in _flag_values(flags).items():
-        if option not in KINDS[kind]:
+        if option not in KINDS[kind].options:
             raise SpecdecError(f"{flag} does not apply to {text}: {_takes(kind)}")
         _fold(text, given, option, flag, value)
     return _complete(text, kind, given)
@@ -194,7 +132,7 @@ def parse_list(text: str, flags: Flags | None = None, where: str = "--methods") 
         raise SpecdecError(f"{where} has an empty entry: {text!r}")
     read = [(part, *_read(part)) for part in parts]
     for option, (flag, value) in _flag_values(flags).items():
-        takers = [(part, given) for part, kind, given in read if option in KINDS[kind]]
+        takers = [(part, given) for part, kind, given in read if option in KINDS[kind].options]
         if not takers:
             raise SpecdecError(f"{flag} applies to no method in {where} {text!r}")
         for part, given in takers:
@@ -212,7 +150,7 @@ def resolve_auto(auto: Method, chosen: Method) -> tuple[Method, list[str]]:
     it and the options it does not take (none apply to plain decoding)."""
     mine = {name: getattr(auto, name) for name in OPTIONS}
     mine = {name: value for name, value in mine.items() if value is not None and value is not False}
-    taken = {name: value for name, value in mine.items() if name in KINDS[chosen.kind]}
+    taken = {name: value for name, value in mine.items() if name in KINDS[chosen.kind].options}
     resolved = replace(chosen, **taken)
     _check(resolved.label, resolved)
     return resolved, [f"{name}={_spell(value)}" for name, value in mine.items() if name not in taken]
@@ -239,7 +177,7 @@ def _read(text: str) -> tuple[str, dict[str, Any]]:
     given: dict[str, Any] = {}
     for option in options:
         name, sep, raw = option.partition("=")
-        if not sep or name not in KINDS[kind]:
+        if not sep or name not in KINDS[kind].options:
             raise SpecdecError(f"bad option {option!r} in {text!r}; {_takes(kind)}")
         if name in given:
             raise SpecdecError(f"{name} is given twice in {text!r}")
@@ -275,7 +213,7 @@ def _fold(text: str, given: dict[str, Any], option: str, flag: str, value: Any) 
 
 
 def _complete(text: str, kind: str, given: dict[str, Any]) -> Method:
-    defaults = {} if kind == "auto" else {o: v for o, v in _DEFAULTS.items() if o in KINDS[kind]}
+    defaults = {} if kind == "auto" else {o: v for o, v in _DEFAULTS.items() if o in KINDS[kind].options}
     method = Method(kind, **{**defaults, **given})
     _check(text, method)
     return method
@@ -287,7 +225,7 @@ def _check(text: str, m: Method) -> None:
         raise SpecdecError(f"{text} needs name=NAME, the name of a bench --endpoint NAME=URL")
     if m.pay and m.width:
         raise SpecdecError(f"pay=1 does not apply to a tree (width={m.width}) in {text}: a tree's "
-                           "chain stops on conf only")
+                           "chain stops on conf or dyn only")
 
 
 def _spell(value: Any) -> str:
@@ -297,5 +235,5 @@ def _spell(value: Any) -> str:
 
 
 def _takes(kind: str) -> str:
-    options = KINDS[kind]
+    options = KINDS[kind].options
     return f"{kind} takes " + (", ".join(f"{o}=" for o in options) if options else "no options")

@@ -16,7 +16,10 @@ from transformers import PreTrainedModel
 
 from ..errors import SpecdecError
 from ..forward import PREPARED_FIX, is_prepared
-from ..proposers.draft import HEAD_IDS
+
+# A draft whose output layer scores only some token ids carries those ids, sorted, as this
+# attribute of the model: its row i scores token HEAD_IDS[i] (specdec.proposers.draft reads it).
+HEAD_IDS = "specdec_head_ids"
 
 
 def restrict_head(model: PreTrainedModel, keep: torch.Tensor) -> PreTrainedModel:

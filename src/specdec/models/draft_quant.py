@@ -20,7 +20,7 @@ from transformers import PreTrainedModel
 from .. import kernels
 from ..errors import SpecdecError
 from ..forward import PREPARED_FIX, is_prepared
-from .quant_cache import quantize_model
+from .quant_cache import check_options, quantize_model
 
 
 def int8_draft(model: PreTrainedModel) -> PreTrainedModel:
@@ -43,6 +43,7 @@ def int8_draft(model: PreTrainedModel) -> PreTrainedModel:
 def quantize_draft(model: PreTrainedModel, quant: str, source: str | None = None, group: int = 32) -> PreTrainedModel:
     """`model` as the draft of quant=`quant`, in place. `source` (the registry name or folder it
     was loaded from; None: rounded) and `group` say where int4 weights come from."""
+    check_options(quant, group, str(model.device), source)
     if quant == "int8" and kernels.vector_path() != "avx512-vnni":
         return int8_draft(model)
     return quantize_model(model, source, quant, group)

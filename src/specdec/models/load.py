@@ -2,15 +2,28 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
 
 from ..errors import SpecdecError
 from ..forward import prefer_gqa_attention
 from ..machine import native_bf16
-from .registry import DEFAULT_DRAFT, DEFAULT_TARGET, REGISTRY, converted_folder, known_models
+from .registry import (
+    DEFAULT_DRAFT,
+    DEFAULT_TARGET,
+    REGISTRY,
+    converted_folder,
+    known_models,
+)
 
 __all__ = ["DEFAULT_DRAFT", "DEFAULT_TARGET", "DTYPES", "check_same_vocab", "load_model", "random_model", "resolve_dtype"]
 
@@ -132,3 +145,15 @@ def logit_width(model: PreTrainedModel) -> int:
     head = model.get_output_embeddings()
     # out_features also exists on quantized heads, whose weight is a method, not a tensor
     return getattr(head, "out_features", None) or head.weight.shape[0]
+
+
+def eos_token_ids(model: PreTrainedModel) -> tuple[int, ...]:
+    """The model's end-of-sequence ids from its generation config (generate's default)."""
+    eos = getattr(model.generation_config, "eos_token_id", None)
+    return () if eos is None else token_ids(eos)
+
+
+def token_ids(value: int | Sequence[int]) -> tuple[int, ...]:
+    """One token id or several, as a tuple."""
+    return (value,) if isinstance(value, int) else tuple(int(t) for t in value)
+

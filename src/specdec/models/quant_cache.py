@@ -29,11 +29,11 @@ from transformers import PreTrainedModel
 
 from ..errors import SpecdecError
 from ..files import cache_root, ensure_writable, remove, remove_stale_temps, scratch
-from .registry import COMPLETE_MARKER, REGISTRY, ModelSpec, converted_folder, gguf_file
-from ..quant import MODES
-from .quantized import FORMAT, Quantized, install, load, quantize_weights, save
 from ..forward import PREPARED_FIX, is_prepared
+from ..quant import MODES
 from ..quant.weights import INT4_GROUPS, fits, q8_rtn
+from .quantized import FORMAT, Quantized, install, load, quantize_weights, save
+from .registry import COMPLETE_MARKER, REGISTRY, ModelSpec, converted_folder, gguf_file
 
 WEIGHTS = "weights.safetensors"
 GGUF_GROUP = 32  # Q4_K blocks are groups of 32
@@ -62,8 +62,8 @@ def quantize_model(model: PreTrainedModel, source: str | None, mode: str, group:
                    weights: Quantized | None = None) -> PreTrainedModel:
     """`model` (loaded from `source`: a registry name or a folder, None: rounded; unprepared)
     with its linear layers replaced by `mode` ones, in place; "none" returns it as it is.
-    `weights`: a registry model's registry_weights, where the caller fetched them already."""
-    check_options(mode, group, str(model.device), source)
+    `weights`: a registry model's registry_weights, where the caller fetched them already. The
+    options are the caller's to check first (check_options: before anything slow runs)."""
     if mode == "none":
         return model
     if is_prepared(model):
@@ -77,12 +77,9 @@ def quantize_model(model: PreTrainedModel, source: str | None, mode: str, group:
         print(f"specdec: rounding {source or 'the model'} to {describe(mode, group)} (a folder: done at every load, seconds)",
               file=sys.stderr)
         weights = quantize_weights(model, mode, None, group)
-        origin = {"source": str(source), "rounded": True}
     else:
         weights = weights or registry_weights(spec, mode)
-        origin = {"source": spec.name, "gguf_sha256": spec.sha256}
-    return install(model, _fitted(model, weights), {"mode": mode, "group": group if mode == "int4" else None,
-                                                    **origin})
+    return install(model, _fitted(model, weights))
 
 
 def registry_weights(spec: ModelSpec, mode: str) -> Quantized:

@@ -17,18 +17,24 @@ import json
 from pathlib import Path
 
 import torch
-from tqdm import tqdm
 from safetensors.torch import load_file, save_file
+from tqdm import tqdm
 from transformers import PreTrainedModel
 
 from ..errors import SpecdecError
 from ..forward.linear import QuantLinear, SharedInputPart
 from ..quant import MODES
 from ..quant.gguf_source import Decoded, linear_weights, matching
-from ..quant.weights import INT4_GROUPS, Q4Weight, Q8Weight, fits, q4_rtn, q8_rtn, stacked
+from ..quant.weights import (
+    INT4_GROUPS,
+    Q4Weight,
+    Q8Weight,
+    fits,
+    q4_rtn,
+    q8_rtn,
+    stacked,
+)
 
-# The attribute a quantized model carries: what it was quantized to and from.
-QUANTIZED = "specdec_quantized"
 FORMAT = 2  # version of the saved layout below (1: torch's int4/int8 kernel layouts)
 
 Quantized = dict[str, Q4Weight | Q8Weight]
@@ -68,7 +74,7 @@ def quantize_weights(model: PreTrainedModel, mode: str, gguf: Path | None = None
 _SHARED_INPUT = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 
 
-def install(model: PreTrainedModel, weights: Quantized, description: dict) -> PreTrainedModel:
+def install(model: PreTrainedModel, weights: Quantized) -> PreTrainedModel:
     """Replace `model`'s linear layers named in `weights` by quantized ones, in place. They read
     and hand back the model's dtype (the output layer: float32). Layers fed the same input whose
     weights have one form run as one kernel call (_SHARED_INPUT)."""
@@ -90,7 +96,6 @@ def install(model: PreTrainedModel, weights: Quantized, description: dict) -> Pr
         quantized = QuantLinear(weight, layer.bias, model.dtype)
         quantized.out_dtype = torch.float32 if layer is head else None
         model.set_submodule(name, quantized)
-    setattr(model, QUANTIZED, description)
     return model
 
 

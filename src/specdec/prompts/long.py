@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from transformers import PreTrainedTokenizerBase
 
-from .datasets import dataset_path, read_prompts
 from ..errors import SpecdecError
+from .datasets import dataset_path, read_prompts
 
 QUESTION = "\n\nSummarize the last article above in three sentences."
 _MARK = "\x00DOCUMENTS\x00"

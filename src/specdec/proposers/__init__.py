@@ -1,5 +1,5 @@
-"""What guesses the next tokens. Every proposer has `k`, `begin(prompt, vocab_size)`,
-`propose(seq, k, cfg, generator) -> Proposal` and `rollback(committed_len)`."""
+"""What guesses the next tokens: a draft model, prompt lookup, both (hybrid), a draft's tree; and
+the policies of adaptive k. Each is a specdec.decode.proposal.Proposer."""
 
 from ..decode.proposal import Proposal, Proposer
 from .draft import DraftModel

@@ -5,15 +5,12 @@ from __future__ import annotations
 import torch
 from transformers import PreTrainedModel
 
-from .policy import PayRule
-from ..errors import SpecdecError
 from ..decode.lm import CausalLM
-from ..decode.sampling import SamplingConfig, draw, probs
 from ..decode.proposal import Proposal
-
-# A draft whose output layer scores only some token ids (specdec.draft_head makes one) carries
-# those ids, sorted, as this attribute of the model: its row i scores token HEAD_IDS[i].
-HEAD_IDS = "specdec_head_ids"
+from ..decode.sampling import SamplingConfig, draw, probs
+from ..errors import SpecdecError
+from ..models.draft_head import HEAD_IDS
+from .policy import Policy
 
 
 class DraftModel:
@@ -25,23 +22,19 @@ class DraftModel:
         self,
         model: PreTrainedModel | CausalLM,
         k: int = 5,
-        min_confidence: float = 0.0,
-        pay_rule: PayRule | None = None,
+        policy: Policy | None = None,
     ):
         """`model` may be a CausalLM whose cache later drafts reuse (generate's reuse_prefix).
 
-        Adaptive k: with `min_confidence` > 0 a round stops guessing after a position where the
-        draft's probability of its guess is below it; with `pay_rule` (specdec.adaptive) it stops
-        when the cost model expects one more guess not to pay. Uncertain rounds then send
-        shorter, cheaper blocks to the target; k is the most a round guesses. The stop depends
-        on the draft alone, so sampling stays exact. Either reads a probability back per guess
-        (a host synchronisation on CUDA).
+        Adaptive k: a `policy` (specdec.proposers.policy) decides how many of its k tokens a
+        round guesses, from the draft's probabilities of its guesses (a confidence floor, the
+        cost model's pay rule: uncertain rounds send shorter, cheaper blocks to the target) or
+        from what earlier rounds accepted. None: k every round. A policy that reads the
+        probabilities reads one back per guess (a host synchronisation on CUDA).
         """
         if k < 1:
             raise SpecdecError(f"k must be >= 1, got {k}")
-        if not 0.0 <= min_confidence < 1.0:
-            raise SpecdecError(f"min_confidence must lie in [0, 1), got {min_confidence}")
-        self.k, self.min_confidence, self.pay_rule = k, min_confidence, pay_rule
+        self.k, self.policy = k, policy or Policy()
         self.lm = model if isinstance(model, CausalLM) else CausalLM(model, invariant=False)
         # A head restricted to some token ids (specdec.draft_head) scores only those; their
         # logits are spread back over the full vocabulary, the rest at -inf (q = 0 there).
@@ -49,6 +42,12 @@ class DraftModel:
         # ids the draft can score: read once here, not per sequence (a host read on CUDA)
         self._scored = self.lm.vocab_size if self._head_ids is None else int(self._head_ids.max()) + 1
         self._vocab = self._scored
+
+    may_lag = False
+
+    @property
+    def draft_lm(self) -> CausalLM:
+        return self.lm
 
     @property
     def calls(self) -> int:
@@ -61,6 +60,7 @@ class DraftModel:
             raise SpecdecError("the draft's restricted head scores token ids the target does not have")
         else:
             self._vocab = vocab_size
+        self.policy.begin()
         self.lm.prefill(prompt, reuse=reuse)
 
     def next_logits(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -79,7 +79,7 @@ class DraftModel:
         # rollback left the cache a prefix of the committed sequence: feed what it has not seen.
         logits = self.next_logits(seq[self.lm.length :])
         tokens, qs, sure = [], [], []
-        adaptive = self.min_confidence > 0 or self.pay_rule is not None
+        k = self.policy.budget(k)
         for i in range(k):
             if cfg.greedy:
                 token = logits.argmax(-1, keepdim=True)
@@ -87,19 +87,20 @@ class DraftModel:
                 qs.append(probs(logits, cfg))
                 token = draw(qs[-1], generator)
             tokens.append(token)
-            if i + 1 == k or (adaptive and self._stop(sure, logits, qs, token)):
+            if i + 1 == k or (self.policy.reads_confidence and not self._again(sure, logits, qs, token)):
                 break
             logits = self.next_logits(token)
         return Proposal(torch.cat(tokens), torch.stack(qs) if qs else None)
 
-    def _stop(self, sure: list[float], logits: torch.Tensor, qs: list[torch.Tensor], token: torch.Tensor) -> bool:
-        """Adaptive k: record the draft's probability of the token just guessed in `sure`;
-        True when it is below min_confidence or the pay rule says another guess won't pay."""
+    def _again(self, sure: list[float], logits: torch.Tensor, qs: list[torch.Tensor], token: torch.Tensor) -> bool:
+        """Record the draft's probability of the token just guessed in `sure`; whether the
+        policy guesses again after it."""
         q = qs[-1] if qs else torch.softmax(logits, -1)
         sure.append(float(q[token]))
-        if sure[-1] < self.min_confidence:
-            return True
-        return self.pay_rule is not None and not self.pay_rule.guess_again(sure)
+        return self.policy.guess_again(sure)
+
+    def observe(self, proposed: int, accepted: int) -> None:
+        self.policy.observe(proposed, accepted)
 
     def rollback(self, committed_len: int) -> None:
-        self.lm.cache.trim(min(self.lm.length, committed_len - 1))
+        self.lm.trim(min(self.lm.length, committed_len - 1))

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from ..decode.sampling import SamplingConfig
+from ..decode.lm import CausalLM
 from ..decode.proposal import Proposal
+from ..decode.sampling import SamplingConfig
 from .draft import DraftModel
 from .lookup import PromptLookup
 
@@ -16,13 +17,16 @@ class Hybrid:
     proposal feeds the tokens it missed in one block. Lossless like either part: the engine
     verifies whichever proposal comes, with the distribution it was drawn from."""
 
-    # The engine's per-round cache assertion: the draft may lag the committed sequence by more
-    # than a DraftModel's one or two positions (never run ahead of it).
-    may_lag = True
+    may_lag = True  # its draft is not called in lookup rounds
 
     def __init__(self, draft: DraftModel, lookup: PromptLookup):
         self.draft, self.lookup = draft, lookup
         self.k = draft.k
+        self._drafted = False  # whether the draft made the last proposal
+
+    @property
+    def draft_lm(self) -> CausalLM:
+        return self.draft.lm
 
     @property
     def calls(self) -> int:
@@ -36,9 +40,12 @@ class Hybrid:
         self, seq: torch.Tensor, k: int, cfg: SamplingConfig, generator: torch.Generator | None
     ) -> Proposal:
         found = self.lookup.propose(seq, k, cfg, generator)
-        if found.tokens.numel():
-            return found
-        return self.draft.propose(seq, k, cfg, generator)
+        self._drafted = not found.tokens.numel()
+        return self.draft.propose(seq, k, cfg, generator) if self._drafted else found
+
+    def observe(self, proposed: int, accepted: int) -> None:
+        if self._drafted:  # the draft's policy learns from its own rounds only
+            self.draft.observe(proposed, accepted)
 
     def rollback(self, committed_len: int) -> None:
         self.draft.rollback(committed_len)

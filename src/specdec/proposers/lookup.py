@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from ..errors import SpecdecError
-from ..decode.sampling import SamplingConfig
 from ..decode.proposal import Proposal
+from ..decode.sampling import SamplingConfig
+from ..errors import SpecdecError
 
 
 class PromptLookup:
@@ -14,6 +14,8 @@ class PromptLookup:
     Deterministic, so its q is a point mass on each proposed token."""
 
     calls = 0
+    draft_lm = None
+    may_lag = False
 
     def __init__(self, k: int = 8, max_ngram: int = 3):
         if k < 1:
@@ -45,6 +47,9 @@ class PromptLookup:
         full = starts[starts + k <= seq.numel()]
         start = int(full[-1]) if full.numel() else int(starts[0])
         return seq[start : start + k]
+
+    def observe(self, proposed: int, accepted: int) -> None:
+        pass
 
     def rollback(self, committed_len: int) -> None:
         pass

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import torch
 
-from ..errors import SpecdecError
 from ..decode.lm import CausalLM
-from ..decode.sampling import SamplingConfig, draw, probs
 from ..decode.proposal import Proposal
+from ..decode.sampling import SamplingConfig, draw, probs
+from ..errors import SpecdecError
 from .draft import DraftModel
 
 
@@ -20,18 +20,26 @@ class TreeDraft:
     first, and they are deterministic (point-mass) candidates fixed by the draft's logits and
     the chain token, which keeps sampling exact (see verify_tree).
 
-    The draft's k and min_confidence (adaptive k: the chain stops after a guess below it) hold
-    for the chain; its pay rule does not (specdec.method refuses pay=1 with a width).
+    The draft's k and policy hold for the chain: a confidence floor judges the draft's top
+    probability at each depth, a schedule the accepted depth (specdec.methods refuses pay=1 with
+    a width: the pay rule's terms are a chain's).
     """
+
+    may_lag = False
 
     def __init__(self, draft: DraftModel, width: int = 2):
         if width < 1:
             raise SpecdecError(f"width must be >= 1, got {width}")
-        self.k, self.min_confidence = draft.k, draft.min_confidence
+        self.k = draft.k
         self.draft, self.width = draft, width
+        self._chain = 0  # depth of the last proposal's chain
 
     @property
     def lm(self) -> CausalLM:
+        return self.draft.lm
+
+    @property
+    def draft_lm(self) -> CausalLM:
         return self.draft.lm
 
     @property
@@ -50,22 +58,27 @@ class TreeDraft:
         self.lm.keep_prefix_of(seq[:-1])
         logits = self.draft.next_logits(seq[self.lm.length :])
         chain, qs, alternatives = [], [], []  # alternatives: (depth, token)
-        # The draft's top probability decides only where a threshold is set; reading it is a
-        # softmax over the vocabulary and a host sync, so skip it otherwise (1.0 = sure).
-        gated = self.min_confidence > 0.0
+        # The draft's top probability decides only where the policy reads it; reading it is a
+        # softmax over the vocabulary and a host sync, so skip it otherwise.
+        policy = self.draft.policy
+        sure: list[float] = []
+        k = policy.budget(k)
         for depth in range(k):
             if cfg.greedy:
                 token = logits.argmax(-1, keepdim=True)
-                confidence = float(torch.softmax(logits, -1).max()) if gated else 1.0
             else:
                 qs.append(probs(logits, cfg))
                 token = draw(qs[-1], generator)
-                confidence = float(qs[-1].max()) if gated else 1.0
             chain.append(token)
             alternatives += [(depth, t) for t in self._alternatives(logits, int(token))]
-            if depth + 1 == k or confidence < self.min_confidence:
+            if depth + 1 == k:
                 break
+            if policy.reads_confidence:
+                sure.append(float((qs[-1] if qs else torch.softmax(logits, -1)).max()))
+                if not policy.guess_again(sure):
+                    break
             logits = self.draft.next_logits(token)
+        self._chain = len(chain)
         return _layout(chain, qs, alternatives)
 
     def _alternatives(self, logits: torch.Tensor, chosen: int) -> list[int]:
@@ -74,6 +87,10 @@ class TreeDraft:
         values, ids = torch.topk(logits, min(self.width, logits.numel()))
         top = ids[torch.isfinite(values)].tolist()
         return [t for t in top if t != chosen][: self.width - 1]
+
+    def observe(self, proposed: int, accepted: int) -> None:
+        """`proposed` counts the alternatives too; the policy judges the chain's depth."""
+        self.draft.observe(self._chain, accepted)
 
     def rollback(self, committed_len: int) -> None:
         self.draft.rollback(committed_len)

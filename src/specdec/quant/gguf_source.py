@@ -19,7 +19,7 @@ import torch
 from gguf import GGMLQuantizationType, GGUFReader, quants
 
 from ..errors import SpecdecError
-from .weights import Q4Weight, Q8Weight, q41_split, q4k_split, q6k_split, tensor_fields
+from .weights import Q4Weight, Q8Weight, q4k_split, q6k_split, q41_split, tensor_fields
 
 _LAYER = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
           "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",

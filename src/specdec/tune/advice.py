@@ -21,11 +21,11 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from ..proposers.policy import PayRule
 from ..cost.model import Costs
 from ..errors import SpecdecError
-from ..methods.spec import Method, parse
 from ..files import cache_root
+from ..methods.spec import Method, parse
+from ..proposers.policy import PayRule
 
 VERSION = 2
 # Without advice: the best setting measured on a CPU without native bf16 (docs/bench/README.md:
@@ -130,6 +130,10 @@ class Advice:
         """The cost terms a method with pay=1 stops by (specdec.adaptive), up to its k."""
         c_draft = self.draft_cost(method)
         return PayRule.from_costs(Costs(self.c_target, c_draft, self.verify), c_draft, method.k)
+
+    def rule_for(self, method: Method) -> PayRule | None:
+        """The pay rule a method runs with: its own for pay=1, none otherwise."""
+        return self.pay_rule(method) if method.pay else None
 
 
 def _from_version_1(old: dict) -> dict:

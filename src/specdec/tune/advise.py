@@ -11,10 +11,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 
-from .advice import Advice, Choice, Verdict
-from ..cost.model import Costs, break_even_alpha, fit_alpha, optimal_k, predicted_speedup
+from ..cost.model import (
+    Costs,
+    break_even_alpha,
+    fit_alpha,
+    optimal_k,
+    predicted_speedup,
+)
 from ..errors import SpecdecError
 from ..methods.spec import DEFAULT_NGRAM, Method
+from .advice import Advice, Choice, Verdict
 from .calibration import Calibration
 
 # A decode step that reads memory at this share of the read bandwidth or more is bandwidth-bound:
@@ -119,12 +125,19 @@ def run_advise(target, drafts, families: list[Method], tokenizer, settings: Advi
     be None (the timed context is then random token ids)."""
     import torch
 
-    from ..methods.build import build_proposer
     from ..decode.engine import generate
     from ..decode.lm import CausalLM
+    from ..methods.build import build_proposer
     from ..models.load import logit_width
     from ..prompts.long import long_prompt
-    from .measure import copy_bandwidth, decode_bytes, kv_bytes, measure_model, read_bandwidth, weight_bytes
+    from .measure import (
+        copy_bandwidth,
+        decode_bytes,
+        kv_bytes,
+        measure_model,
+        read_bandwidth,
+        weight_bytes,
+    )
 
     progress("read and copy bandwidth")
     bandwidth = read_bandwidth(device=target.device), copy_bandwidth(device=target.device)

@@ -8,9 +8,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .advice import Calibrated
 from ..cost.model import Acceptance, expected_accepted_iid
 from ..decode.stats import GenerationStats
+from .advice import Calibrated
 
 
 @dataclass(frozen=True)

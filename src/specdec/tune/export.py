@@ -21,8 +21,8 @@ import json
 import shlex
 from dataclasses import dataclass, field
 
-from .advice import Advice
 from ..methods.spec import Method, parse
+from .advice import Advice
 
 ENGINES = ("vllm", "llamacpp")
 CONFIRM = ("kernels differ between engines (and machines): this choice was measured on specdec's own kernels "

@@ -17,8 +17,8 @@ import torch
 from transformers import PreTrainedModel
 
 from ..cost.model import kv_cache_bytes_for_config
-from ..forward import BlockLinear
 from ..decode.lm import CausalLM
+from ..forward import BlockLinear
 from ..machine import synchronize
 
 
@@ -58,7 +58,7 @@ def time_blocks(lm: CausalLM, rows: Iterable[int], repeats: int) -> dict[int, fl
             lm.forward(block)
             synchronize(lm.device)
             times[n].append(time.perf_counter() - start)
-            lm.cache.trim(base)
+            lm.trim(base)
     return {n: statistics.median(t[1:]) for n, t in times.items()}
 
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from .advice import Advice
 from ..fmt import num
 from ..methods.spec import parse
+from .advice import Advice
 from .advise import MIN_GAIN
 
 BOUND_TEXT = {

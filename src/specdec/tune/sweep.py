@@ -54,11 +54,11 @@ def sweep_context(target, drafts, tokenizer, n: int, settings: SweepSettings,
     prefilled once and every method's generations reuse it."""
     import torch
 
-    from ..methods.build import build_proposer
     from ..decode.engine import generate
     from ..decode.lm import CausalLM
-    from ..prompts.long import long_prompt
     from ..machine import PeakMemory
+    from ..methods.build import build_proposer
+    from ..prompts.long import long_prompt
     from .measure import kv_bytes, measure_model, measured_kv_bytes
 
     memory = PeakMemory(target.device)
