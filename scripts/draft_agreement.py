@@ -22,13 +22,13 @@ from pathlib import Path
 import torch
 
 import specdec.decode.lm
-from specdec.prompts.datasets import Selection, load_prompts
-from specdec.models.draft_quant import int8_draft
 from specdec.decode.engine import generate
 from specdec.decode.lm import CausalLM
-from specdec.prompts.long import long_prompt
+from specdec.models.draft_quant import int8_draft
 from specdec.models.load import load_model
 from specdec.prompts.chat import encode_prompt
+from specdec.prompts.datasets import Selection, load_prompts
+from specdec.prompts.long import long_prompt
 
 
 @torch.inference_mode()

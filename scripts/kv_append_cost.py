@@ -1,7 +1,11 @@
 #!/usr/bin/env python
 """What transformers' DynamicCache costs per decode step at a context: each layer's K and V are
 grown by torch.cat (a copy of the whole layer cache); a preallocated cache writes one row."""
-import statistics, time, torch
+import statistics
+import time
+
+import torch
+
 torch.set_num_threads(2)
 layers, heads, dim = 28, 2, 128   # Qwen2.5-Coder-1.5B: 28 layers, 2 KV heads of 128
 for ctx in (512, 2048, 8192):

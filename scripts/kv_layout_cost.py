@@ -17,8 +17,8 @@ from pathlib import Path
 
 import torch
 
-from specdec.models.draft_quant import int8_draft
 from specdec.decode.lm import CausalLM
+from specdec.models.draft_quant import int8_draft
 from specdec.models.load import load_model
 
 

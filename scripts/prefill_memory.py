@@ -15,10 +15,10 @@ import psutil
 import torch
 
 import specdec.decode.lm
-from specdec.machine import PeakMemory
 from specdec.decode.lm import CausalLM
-from specdec.prompts.long import long_prompt
+from specdec.machine import PeakMemory
 from specdec.models.load import load_model
+from specdec.prompts.long import long_prompt
 
 
 def main() -> None:

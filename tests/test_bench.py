@@ -30,13 +30,7 @@ from specdec.cli import main
 from specdec.errors import SpecdecError
 from specdec.methods.spec import Method
 from specdec.prompts import datasets
-from specdec.prompts.datasets import (
-    Prompt,
-    Selection,
-    load_prompts,
-    read_prompts,
-    select,
-)
+from specdec.prompts.datasets import Prompt, Selection, load_prompts, read_prompts, select
 
 WORDS = list("abcdefghijklmnopqrstuvwxyz")
 EOS = 56  # appears in the tiny target's greedy output for some prompts, so both finish reasons occur

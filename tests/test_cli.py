@@ -160,7 +160,7 @@ def test_ctrl_c_in_the_cli_prints_stats(capsys, tiny_registry, monkeypatch):
     from specdec.methods.spec import parse
 
     monkeypatch.setattr(command, "load_proposer",
-                        lambda args: (*tiny_registry["tiny"], parse("lookup"), InterruptingLookup()))
+                        lambda args, method: (*tiny_registry["tiny"], parse("lookup"), InterruptingLookup()))
     code, out, err = run(capsys, *base_args(tiny_registry, "--max-new-tokens", "20"))
     assert code == 130 and "[specdec]" in err and "Traceback" not in err
 

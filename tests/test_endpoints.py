@@ -18,11 +18,7 @@ from specdec.bench.store import read_rows
 from specdec.cli import main
 from specdec.conform.endpoints import compare
 from specdec.errors import SpecdecError
-from specdec.external.endpoints.metrics import (
-    SpecCounters,
-    has_spec_counters,
-    parse_counters,
-)
+from specdec.external.endpoints.metrics import SpecCounters, has_spec_counters, parse_counters
 from specdec.external.endpoints.spec import parse_endpoint
 from specdec.external.endpoints.stream import Request, Streamed, complete
 from specdec.external.llama_server import free_port

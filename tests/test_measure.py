@@ -14,14 +14,7 @@ from specdec.methods.spec import Method
 from specdec.prompts.long import articles, long_prompt
 from specdec.tune.advise import bandwidth_verdict, recommend
 from specdec.tune.calibration import Calibration
-from specdec.tune.measure import (
-    copy_bandwidth,
-    kv_bytes,
-    measure_model,
-    measured_kv_bytes,
-    read_bandwidth,
-    time_blocks,
-)
+from specdec.tune.measure import copy_bandwidth, kv_bytes, measure_model, measured_kv_bytes, read_bandwidth, time_blocks
 
 
 def fed_tokens(model) -> list[int]:

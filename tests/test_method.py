@@ -8,14 +8,7 @@ from specdec import DraftModel, Hybrid, PromptLookup, TreeDraft
 from specdec.errors import SpecdecError
 from specdec.methods.build import Drafts, build_proposer
 from specdec.methods.kinds import KINDS, RUNNERS
-from specdec.methods.spec import (
-    DEFAULT_K,
-    Method,
-    legacy,
-    parse,
-    parse_list,
-    resolve_auto,
-)
+from specdec.methods.spec import DEFAULT_K, Method, legacy, parse, parse_list, resolve_auto
 
 
 def test_method_parsing():

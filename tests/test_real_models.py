@@ -9,12 +9,7 @@ import pytest
 from specdec import DraftModel, PromptLookup, TreeDraft, generate
 from specdec.conform.ties import first_difference
 from specdec.errors import SpecdecError
-from specdec.models.load import (
-    DEFAULT_DRAFT,
-    DEFAULT_TARGET,
-    check_same_vocab,
-    load_model,
-)
+from specdec.models.load import DEFAULT_DRAFT, DEFAULT_TARGET, check_same_vocab, load_model
 from specdec.prompts.chat import encode_prompt
 
 pytestmark = pytest.mark.real

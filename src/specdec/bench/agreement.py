@@ -26,9 +26,7 @@ DIFFERENCES = "differences.json"
 def explain_differences(out: Path, target: PreTrainedModel, prompt_ids: dict[str, list[int]]) -> dict:
     """Add the first difference of every row that differs from hf-ar's to out/differences.json
     (rows explained before are kept); returns the file's content."""
-    from ..conform.ties import (
-        first_difference,  # torch: the summary side reads this module without it
-    )
+    from ..conform.ties import first_difference  # torch: the summary side reads this module without it
 
     path = out / DIFFERENCES
     known = read_json(path) if path.is_file() else {}

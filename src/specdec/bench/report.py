@@ -7,9 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-from matplotlib.backends.backend_agg import (
-    FigureCanvasAgg,  # files only: no display needed
-)
+from matplotlib.backends.backend_agg import FigureCanvasAgg  # files only: no display needed
 from matplotlib.figure import Figure
 
 from ..decode.stats import DECODE_PHASES

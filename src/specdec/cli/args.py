@@ -161,12 +161,12 @@ def load_drafts(args: argparse.Namespace, target, tokenizer, methods: list[Metho
     return drafts
 
 
-def load_proposer(args: argparse.Namespace):
-    """Target, tokenizer, the method --proposer names (auto resolved) and its proposer (None:
-    plain decoding). generate and check run this."""
+def load_proposer(args: argparse.Namespace, method: Method):
+    """Target, tokenizer, `method` (what --proposer names: method_of) with auto resolved, and its
+    proposer (None: plain decoding). generate and check run this."""
     from ..methods.build import build_proposer, check_specdec
 
-    method, said = resolve(args, method_of(args))
+    method, said = resolve(args, method)
     check_specdec(method)  # before the models load (slow)
     advice = load_advice(args.pay_rule)
     target, tokenizer = load_target(args)

@@ -77,12 +77,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     import torch
 
     from ..bench.agreement import REFERENCE, explain_differences
-    from ..bench.endpoint import (
-        EndpointExecutor,
-        EndpointSettings,
-        Routed,
-        explain_endpoint_differences,
-    )
+    from ..bench.endpoint import EndpointExecutor, EndpointSettings, Routed, explain_endpoint_differences
     from ..bench.execute import Executor, RunSettings, check_llamacpp
     from ..bench.report import REPORT, report_folder
     from ..bench.runner import EncodedPrompt, run_bench

@@ -9,15 +9,7 @@ import time
 
 from ..conform.check import CheckPlan
 from ..errors import SpecdecError
-from .args import (
-    add_method_args,
-    add_model_args,
-    add_settings,
-    load_proposer,
-    method_of,
-    quant_record,
-    settings_of,
-)
+from .args import add_method_args, add_model_args, add_settings, load_proposer, method_of, quant_record, settings_of
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -56,7 +48,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     if method.cat or method.external:
         raise SpecdecError(f"check runs specdec's proposers on the preallocated cache: not {method.label}")
     plan = settings_of(args, check.CheckPlan)
-    target, tokenizer, _, drafter = load_proposer(args)
+    target, tokenizer, _, drafter = load_proposer(args, method)
     if drafter is None:
         raise SpecdecError("auto chose plain decoding for this setup: nothing to check; use --proposer draft or lookup")
     raw = lambda text: tokenizer(text)["input_ids"]

@@ -8,13 +8,7 @@ import sys
 from pathlib import Path
 
 from ..errors import SpecdecError
-from .args import (
-    add_method_args,
-    add_model_args,
-    add_sampling_args,
-    at_least_one,
-    load_proposer,
-)
+from .args import add_method_args, add_model_args, add_sampling_args, at_least_one, load_proposer, method_of
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -40,7 +34,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
     text = require_text(_prompt_text(args))
     at_least_one(args, "max_new_tokens")
-    target, tokenizer, method, drafter = load_proposer(args)
+    target, tokenizer, method, drafter = load_proposer(args, method_of(args))
     prompt = encode_prompt(tokenizer, text, raw=args.raw)
     streamer = None if args.json else Streamer(tokenizer, color=_use_color(args.color))
     code = 0

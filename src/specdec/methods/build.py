@@ -24,13 +24,7 @@ from ..errors import SpecdecError
 from ..models.draft_head import restrict_to_frequent
 from ..models.draft_quant import quantize_draft
 from ..proposers import DraftModel
-from ..proposers.policy import (
-    AcceptanceSchedule,
-    ConfidenceFloor,
-    PayRule,
-    Policy,
-    combined,
-)
+from ..proposers.policy import AcceptanceSchedule, ConfidenceFloor, PayRule, Policy, combined
 from .kinds import KINDS
 from .spec import Method
 

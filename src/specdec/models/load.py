@@ -6,24 +6,12 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import torch
-from transformers import (
-    AutoConfig,
-    AutoModelForCausalLM,
-    AutoTokenizer,
-    PreTrainedModel,
-    PreTrainedTokenizerBase,
-)
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from ..errors import SpecdecError
 from ..forward import prefer_gqa_attention
 from ..machine import native_bf16
-from .registry import (
-    DEFAULT_DRAFT,
-    DEFAULT_TARGET,
-    REGISTRY,
-    converted_folder,
-    known_models,
-)
+from .registry import DEFAULT_DRAFT, DEFAULT_TARGET, REGISTRY, converted_folder, known_models
 
 __all__ = ["DEFAULT_DRAFT", "DEFAULT_TARGET", "DTYPES", "check_same_vocab", "load_model", "random_model", "resolve_dtype"]
 

@@ -25,15 +25,7 @@ from ..errors import SpecdecError
 from ..forward.linear import QuantLinear, SharedInputPart
 from ..quant import MODES
 from ..quant.gguf_source import Decoded, linear_weights, matching
-from ..quant.weights import (
-    INT4_GROUPS,
-    Q4Weight,
-    Q8Weight,
-    fits,
-    q4_rtn,
-    q8_rtn,
-    stacked,
-)
+from ..quant.weights import INT4_GROUPS, Q4Weight, Q8Weight, fits, q4_rtn, q8_rtn, stacked
 
 FORMAT = 2  # version of the saved layout below (1: torch's int4/int8 kernel layouts)
 

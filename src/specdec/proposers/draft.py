@@ -81,11 +81,7 @@ class DraftModel:
         tokens, qs, sure = [], [], []
         k = self.policy.budget(k)
         for i in range(k):
-            if cfg.greedy:
-                token = logits.argmax(-1, keepdim=True)
-            else:
-                qs.append(probs(logits, cfg))
-                token = draw(qs[-1], generator)
+            token = guess(logits, cfg, generator, qs)
             tokens.append(token)
             if i + 1 == k or (self.policy.reads_confidence and not self._again(sure, logits, qs, token)):
                 break
@@ -104,3 +100,31 @@ class DraftModel:
 
     def rollback(self, committed_len: int) -> None:
         self.lm.trim(min(self.lm.length, committed_len - 1))
+
+
+def guess(logits: torch.Tensor, cfg: SamplingConfig, generator: torch.Generator | None,
+          qs: list[torch.Tensor]) -> torch.Tensor:
+    """The draft's next token (shape [1]): its argmax when greedy, else a draw from its
+    distribution, which is appended to `qs` (the q the verifier judges the token by)."""
+    if cfg.greedy:
+        return logits.argmax(-1, keepdim=True)
+    qs.append(probs(logits, cfg))
+    return draw(qs[-1], generator)
+
+
+class OverDraft:
+    """A proposer built around a DraftModel (`draft`): its runtime, calls and rollback are the
+    draft's."""
+
+    draft: DraftModel
+
+    @property
+    def draft_lm(self) -> CausalLM:
+        return self.draft.lm
+
+    @property
+    def calls(self) -> int:
+        return self.draft.calls
+
+    def rollback(self, committed_len: int) -> None:
+        self.draft.rollback(committed_len)

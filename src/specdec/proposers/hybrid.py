@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import torch
 
-from ..decode.lm import CausalLM
 from ..decode.proposal import Proposal
 from ..decode.sampling import SamplingConfig
-from .draft import DraftModel
+from .draft import DraftModel, OverDraft
 from .lookup import PromptLookup
 
 
-class Hybrid:
+class Hybrid(OverDraft):
     """Each round, guesses from an n-gram match if there is one (free: no model call), else
     from the draft model. The draft's cache may fall behind during lookup rounds; its next
     proposal feeds the tokens it missed in one block. Lossless like either part: the engine
@@ -23,14 +22,6 @@ class Hybrid:
         self.draft, self.lookup = draft, lookup
         self.k = draft.k
         self._drafted = False  # whether the draft made the last proposal
-
-    @property
-    def draft_lm(self) -> CausalLM:
-        return self.draft.lm
-
-    @property
-    def calls(self) -> int:
-        return self.draft.calls
 
     def begin(self, prompt: torch.Tensor, vocab_size: int, reuse: bool = False) -> None:
         self.draft.begin(prompt, vocab_size, reuse)
@@ -47,5 +38,3 @@ class Hybrid:
         if self._drafted:  # the draft's policy learns from its own rounds only
             self.draft.observe(proposed, accepted)
 
-    def rollback(self, committed_len: int) -> None:
-        self.draft.rollback(committed_len)

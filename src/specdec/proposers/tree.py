@@ -7,12 +7,12 @@ import torch
 
 from ..decode.lm import CausalLM
 from ..decode.proposal import Proposal
-from ..decode.sampling import SamplingConfig, draw, probs
+from ..decode.sampling import SamplingConfig
 from ..errors import SpecdecError
-from .draft import DraftModel
+from .draft import DraftModel, OverDraft, guess
 
 
-class TreeDraft:
+class TreeDraft(OverDraft):
     """Proposes the draft's chain of up to k tokens (greedy, or sampled from q as DraftModel
     does) and, beside the chain token at each depth, up to width-1 alternatives: the draft's
     most likely other tokens there. Alternatives are leaves, so they cost no draft forward;
@@ -38,14 +38,6 @@ class TreeDraft:
     def lm(self) -> CausalLM:
         return self.draft.lm
 
-    @property
-    def draft_lm(self) -> CausalLM:
-        return self.draft.lm
-
-    @property
-    def calls(self) -> int:
-        return self.draft.calls
-
     def begin(self, prompt: torch.Tensor, vocab_size: int, reuse: bool = False) -> None:
         self.draft.begin(prompt, vocab_size, reuse)
 
@@ -64,11 +56,7 @@ class TreeDraft:
         sure: list[float] = []
         k = policy.budget(k)
         for depth in range(k):
-            if cfg.greedy:
-                token = logits.argmax(-1, keepdim=True)
-            else:
-                qs.append(probs(logits, cfg))
-                token = draw(qs[-1], generator)
+            token = guess(logits, cfg, generator, qs)
             chain.append(token)
             alternatives += [(depth, t) for t in self._alternatives(logits, int(token))]
             if depth + 1 == k:
@@ -92,8 +80,6 @@ class TreeDraft:
         """`proposed` counts the alternatives too; the policy judges the chain's depth."""
         self.draft.observe(self._chain, accepted)
 
-    def rollback(self, committed_len: int) -> None:
-        self.draft.rollback(committed_len)
 
 
 def _layout(

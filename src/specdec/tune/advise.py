@@ -11,13 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 
-from ..cost.model import (
-    Costs,
-    break_even_alpha,
-    fit_alpha,
-    optimal_k,
-    predicted_speedup,
-)
+from ..cost.model import Costs, break_even_alpha, fit_alpha, optimal_k, predicted_speedup
 from ..errors import SpecdecError
 from ..methods.spec import DEFAULT_NGRAM, Method
 from .advice import Advice, Choice, Verdict
@@ -130,14 +124,7 @@ def run_advise(target, drafts, families: list[Method], tokenizer, settings: Advi
     from ..methods.build import build_proposer
     from ..models.load import logit_width
     from ..prompts.long import long_prompt
-    from .measure import (
-        copy_bandwidth,
-        decode_bytes,
-        kv_bytes,
-        measure_model,
-        read_bandwidth,
-        weight_bytes,
-    )
+    from .measure import copy_bandwidth, decode_bytes, kv_bytes, measure_model, read_bandwidth, weight_bytes
 
     progress("read and copy bandwidth")
     bandwidth = read_bandwidth(device=target.device), copy_bandwidth(device=target.device)
