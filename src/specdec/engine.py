@@ -77,11 +77,11 @@ def generate(
     already holds the prompt's prefix, so runs over one long context prefill it once.
     """
     cfg = SamplingConfig(temperature, top_k, top_p)
-    lm = target if isinstance(target, CausalLM) else CausalLM(target)
+    lm = CausalLM(target) if isinstance(target, PreTrainedModel) else target  # or runtime.NativeLM
     prompt = _prompt_tensor(input_ids, lm)
     if max_new_tokens < 1:
         raise SpecdecError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    eos = frozenset(eos_token_ids(lm.model) if eos_token_id is None else _as_ids(eos_token_id))
+    eos = frozenset(lm.eos_token_ids if eos_token_id is None else _as_ids(eos_token_id))
     generator = torch.Generator(device=lm.device)
     generator.manual_seed(seed if seed is not None else int(torch.seed()))
 
@@ -134,7 +134,7 @@ def generate(
             rows = _score(lm, seq[length - 1 : length], proposal)
             clock.lap("verify")
             done, accepted = commit(*_accept(lm, rows, proposal, cfg, generator))
-            lm.cache.trim(length - 1)
+            lm.trim(length - 1)
             if drafter is not None:
                 drafter.rollback(length)
             stats.record_round(proposal.tokens.numel(), accepted)
@@ -164,7 +164,7 @@ def _draft_lm(drafter: Proposer | None) -> CausalLM | None:
     """The draft model behind a proposer (inside a hybrid or tree too), if it has one."""
     inner = getattr(drafter, "draft", drafter)
     draft_lm = getattr(inner, "lm", None)
-    return draft_lm if isinstance(draft_lm, CausalLM) else None
+    return draft_lm if hasattr(draft_lm, "prefill") else None  # a CausalLM or a runtime.NativeLM
 
 
 def _score(lm: CausalLM, pending: torch.Tensor, proposal: Proposal) -> torch.Tensor:
@@ -206,15 +206,15 @@ def _assert_caches(lm: CausalLM, draft_lm: CausalLM | None, may_lag: bool, lengt
         raise AssertionError(f"draft cache holds {draft_lm.length} positions, committed {length}")
     if check:
         for model in (lm, draft_lm) if draft_lm is not None else (lm,):
-            if len(set(model.cache.layer_lengths())) > 1:
-                raise AssertionError(f"cache layers disagree: {model.cache.layer_lengths()}")
+            if len(set(model.layer_lengths())) > 1:
+                raise AssertionError(f"cache layers disagree: {model.layer_lengths()}")
 
 
 def _prompt_tensor(input_ids: torch.Tensor | Sequence[int], lm: CausalLM) -> torch.Tensor:
     prompt = torch.as_tensor(input_ids, dtype=torch.long, device=lm.device).flatten()
     if prompt.numel() == 0:
         raise SpecdecError("the prompt is empty: give at least one token")
-    limit = getattr(lm.model.config, "max_position_embeddings", None)
+    limit = lm.max_positions
     if limit is not None and prompt.numel() >= limit:
         raise SpecdecError(
             f"the prompt has {prompt.numel()} tokens but the model's context is {limit}: shorten it"

@@ -68,6 +68,23 @@ class CausalLM:
     def length(self) -> int:
         return self.cache.length
 
+    # The rest of the interface a runtime offers the engine (runtime.NativeLM has the same).
+    @property
+    def max_positions(self) -> int | None:
+        return getattr(self.model.config, "max_position_embeddings", None)
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        from .engine import eos_token_ids  # the engine's reading of a generation config
+
+        return eos_token_ids(self.model)
+
+    def trim(self, length: int) -> None:
+        self.cache.trim(length)
+
+    def layer_lengths(self) -> list[int]:
+        return self.cache.layer_lengths()
+
     def reset(self) -> None:
         self.cache = KVCache(self.model, self.preallocate)
         self.calls = 0

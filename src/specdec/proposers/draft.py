@@ -28,7 +28,8 @@ class DraftModel:
         min_confidence: float = 0.0,
         pay_rule: PayRule | None = None,
     ):
-        """`model` may be a CausalLM whose cache later drafts reuse (generate's reuse_prefix).
+        """`model` may be a CausalLM whose cache later drafts reuse (generate's reuse_prefix),
+        or a runtime.NativeLM (its restricted head's ids as its `head_ids`).
 
         Adaptive k: with `min_confidence` > 0 a round stops guessing after a position where the
         draft's probability of its guess is below it; with `pay_rule` (specdec.adaptive) it stops
@@ -42,10 +43,11 @@ class DraftModel:
         if not 0.0 <= min_confidence < 1.0:
             raise SpecdecError(f"min_confidence must lie in [0, 1), got {min_confidence}")
         self.k, self.min_confidence, self.pay_rule = k, min_confidence, pay_rule
-        self.lm = model if isinstance(model, CausalLM) else CausalLM(model, invariant=False)
+        self.lm = CausalLM(model, invariant=False) if isinstance(model, PreTrainedModel) else model
         # A head restricted to some token ids (specdec.draft_head) scores only those; their
         # logits are spread back over the full vocabulary, the rest at -inf (q = 0 there).
-        self._head_ids = getattr(self.lm.model, HEAD_IDS, None)
+        self._head_ids = (getattr(self.lm.model, HEAD_IDS, None) if isinstance(self.lm, CausalLM)
+                          else getattr(self.lm, "head_ids", None))
         # ids the draft can score: read once here, not per sequence (a host read on CUDA)
         self._scored = self.lm.vocab_size if self._head_ids is None else int(self._head_ids.max()) + 1
         self._vocab = self._scored
@@ -102,4 +104,4 @@ class DraftModel:
         return self.pay_rule is not None and not self.pay_rule.guess_again(sure)
 
     def rollback(self, committed_len: int) -> None:
-        self.lm.cache.trim(min(self.lm.length, committed_len - 1))
+        self.lm.trim(min(self.lm.length, committed_len - 1))

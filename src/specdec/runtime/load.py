@@ -10,6 +10,7 @@ import time
 import torch
 from transformers import AutoConfig, GenerationConfig, PreTrainedModel
 
+from ..engine import _as_ids
 from ..errors import SpecdecError
 from ..quant import MODES
 from .config import decoder_config, rotary_tables
@@ -28,7 +29,7 @@ def _check_mode(mode: str) -> None:
 
 def _eos(generation_config: GenerationConfig | None) -> tuple[int, ...]:
     eos = getattr(generation_config, "eos_token_id", None)
-    return () if eos is None else ((eos,) if isinstance(eos, int) else tuple(eos))
+    return () if eos is None else _as_ids(eos)
 
 
 def _assemble(config, source: SourceWeights, mode: str, capacity: int, head_ids: torch.Tensor | None,
