@@ -7,7 +7,7 @@ from conftest import word_tokenizer
 
 from specdec import DraftModel, PromptLookup, generate
 from specdec.cost.model import Acceptance, Costs, predicted_speedup
-from specdec.decode.lm import CausalLM, _shared_prefix
+from specdec.decode.lm import CausalLM, shared_prefix
 from specdec.decode.stats import GenerationStats
 from specdec.errors import SpecdecError
 from specdec.methods.spec import Method
@@ -32,12 +32,12 @@ def models():
     return target, perturbed(target, seed=3, scale=0.3)
 
 
-def test_shared_prefix():
+def testshared_prefix():
     t = torch.tensor
-    assert _shared_prefix(t([1, 2, 3]), t([1, 2, 4, 5])) == 2
-    assert _shared_prefix(t([1, 2]), t([1, 2, 3])) == 2
-    assert _shared_prefix(t([9]), t([1])) == 0
-    assert _shared_prefix(t([], dtype=torch.long), t([1])) == 0
+    assert shared_prefix(t([1, 2, 3]), t([1, 2, 4, 5])) == 2
+    assert shared_prefix(t([1, 2]), t([1, 2, 3])) == 2
+    assert shared_prefix(t([9]), t([1])) == 0
+    assert shared_prefix(t([], dtype=torch.long), t([1])) == 0
 
 
 @pytest.mark.parametrize("proposer", ["draft", "lookup", "none"])

@@ -25,6 +25,9 @@ class Runtime(Protocol):
     nonfinite_at: torch.Tensor
     max_positions: int | None  # the context the model was trained for (None: unknown)
     eos_token_ids: tuple[int, ...]  # the model's own end-of-sequence ids (its generation config)
+    # A draft's restricted output layer: the token id behind each logits column (sorted), None
+    # when column i scores token i (specdec.models.draft_head).
+    head_ids: torch.Tensor | None
 
     @property
     def length(self) -> int:

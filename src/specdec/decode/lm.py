@@ -8,6 +8,7 @@ from transformers import PreTrainedModel
 
 from ..errors import SpecdecError
 from ..forward import attention, block_invariant, prefer_gqa_attention, prepare
+from ..models.draft_head import HEAD_IDS
 from ..models.load import eos_token_ids, logit_width
 from .cache import KVCache, PreallocatedLayer, cache_keyword
 
@@ -46,6 +47,7 @@ class CausalLM:
         self.vocab_size = logit_width(model)
         self.max_positions = getattr(model.config, "max_position_embeddings", None)
         self.eos_token_ids = eos_token_ids(model)
+        self.head_ids = getattr(model, HEAD_IDS, None)
         self._cache_kw = cache_keyword(model)
         self.preallocate = preallocate
         self.cache = KVCache(model, preallocate)
@@ -110,7 +112,7 @@ class CausalLM:
 
     def keep_prefix_of(self, tokens: torch.Tensor) -> None:
         """Trim the cache to the longest prefix of its positions that holds `tokens`' start."""
-        self.cache.trim(_shared_prefix(self._held[: self.length], tokens))
+        self.cache.trim(shared_prefix(self._held[: self.length], tokens))
 
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, last_only: bool = False) -> torch.Tensor:
@@ -213,7 +215,7 @@ def tree_layout(parents: list[int]) -> tuple[list[int], torch.Tensor]:
 
 
 
-def _shared_prefix(a: torch.Tensor, b: torch.Tensor) -> int:
+def shared_prefix(a: torch.Tensor, b: torch.Tensor) -> int:
     """Length of the longest common prefix of two 1-D token tensors."""
     n = min(a.numel(), b.numel())
     differ = (a[:n] != b[:n]).nonzero()

@@ -50,15 +50,17 @@ def _cpu_flags() -> str:
     return ""
 
 
-def library_path(march: str = "native") -> Path:
+def library_path(march: str = "native", source: Path = SOURCE) -> Path:
     """Where the compiled kernels for this source, compiler, CPU and -march live (built if
-    missing; another `march` than native builds an older instruction set's path, for tests)."""
+    missing; another `march` than native builds an older instruction set's path, for tests).
+    `source`: another C++ file of this folder that includes qgemm.cpp (runtime's decoder.cpp)."""
     compiler = _compiler()
     flags = (*FLAGS, f"-march={march}")
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
-    key = hashlib.sha256("\n".join([SOURCE.read_text(), " ".join(flags), version, _cpu_flags()]).encode())
+    texts = [p.read_text() for p in dict.fromkeys((source, SOURCE))]  # qgemm.cpp's key unchanged
+    key = hashlib.sha256("\n".join([*texts, " ".join(flags), version, _cpu_flags()]).encode())
     folder = cache_root() / "kernels"
-    path = folder / f"qgemm-{key.hexdigest()[:16]}.so"
+    path = folder / f"{source.stem}-{key.hexdigest()[:16]}.so"
     if path.exists():
         return path
     folder.mkdir(parents=True, exist_ok=True)
@@ -68,11 +70,11 @@ def library_path(march: str = "native") -> Path:
             print("specdec: compiling the int8/int4 kernels for this CPU (seconds, once)", file=sys.stderr)
             tmp = path.with_suffix(f".tmp{os.getpid()}")
             env = {**os.environ, "PATH": os.environ.get("PATH") or os.defpath}  # the linker is found by PATH
-            done = subprocess.run([compiler, *flags, str(SOURCE), "-o", str(tmp)], capture_output=True, text=True,
+            done = subprocess.run([compiler, *flags, str(source), "-o", str(tmp)], capture_output=True, text=True,
                                   env=env)
             if done.returncode:
                 tmp.unlink(missing_ok=True)
-                raise SpecdecError(f"compiling {SOURCE.name} failed ({compiler}):\n{done.stderr[-2000:]}")
+                raise SpecdecError(f"compiling {source.name} failed ({compiler}):\n{done.stderr[-2000:]}")
             os.replace(tmp, path)  # whole or not at all
     return path
 

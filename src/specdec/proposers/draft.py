@@ -9,7 +9,6 @@ from ..decode.lm import CausalLM
 from ..decode.proposal import Proposal
 from ..decode.sampling import SamplingConfig, draw, probs
 from ..errors import SpecdecError
-from ..models.draft_head import HEAD_IDS
 from .policy import Policy
 
 
@@ -24,7 +23,8 @@ class DraftModel:
         k: int = 5,
         policy: Policy | None = None,
     ):
-        """`model` may be a CausalLM whose cache later drafts reuse (generate's reuse_prefix).
+        """`model` may be a runtime (decode.interface.Runtime: a CausalLM, a runtime.NativeLM)
+        whose cache later drafts reuse (generate's reuse_prefix).
 
         Adaptive k: a `policy` (specdec.proposers.policy) decides how many of its k tokens a
         round guesses, from the draft's probabilities of its guesses (a confidence floor, the
@@ -35,10 +35,10 @@ class DraftModel:
         if k < 1:
             raise SpecdecError(f"k must be >= 1, got {k}")
         self.k, self.policy = k, policy or Policy()
-        self.lm = model if isinstance(model, CausalLM) else CausalLM(model, invariant=False)
+        self.lm = CausalLM(model, invariant=False) if isinstance(model, PreTrainedModel) else model
         # A head restricted to some token ids (specdec.draft_head) scores only those; their
         # logits are spread back over the full vocabulary, the rest at -inf (q = 0 there).
-        self._head_ids = getattr(self.lm.model, HEAD_IDS, None)
+        self._head_ids = self.lm.head_ids
         # ids the draft can score: read once here, not per sequence (a host read on CUDA)
         self._scored = self.lm.vocab_size if self._head_ids is None else int(self._head_ids.max()) + 1
         self._vocab = self._scored

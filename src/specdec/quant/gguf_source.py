@@ -27,7 +27,7 @@ _LAYER = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": 
 
 
 # GGUF block types that are specdec's Q4 or Q8 weights as they are (quant.weights)
-_EXACT = {GGMLQuantizationType.Q4_K: q4k_split, GGMLQuantizationType.Q4_1: q41_split,
+EXACT = {GGMLQuantizationType.Q4_K: q4k_split, GGMLQuantizationType.Q4_1: q41_split,
           GGMLQuantizationType.Q6_K: q6k_split}
 
 Decoded = Q4Weight | Q8Weight | torch.Tensor
@@ -53,8 +53,8 @@ def linear_weights(path: Path) -> Iterator[tuple[str, str, Decoded]]:
             continue
         shape = tuple(int(n) for n in reversed(tensor.shape.tolist()))  # GGUF lists dims inner first
         kind = tensor.tensor_type
-        if kind in _EXACT:
-            yield name, kind.name, _EXACT[kind](tensor.data, shape)
+        if kind in EXACT:
+            yield name, kind.name, EXACT[kind](tensor.data, shape)
         else:
             dense = np.asarray(quants.dequantize(tensor.data, kind), dtype=np.float32).reshape(shape)
             yield name, kind.name, torch.from_numpy(dense)
@@ -65,7 +65,7 @@ def matching(name: str, weight: Decoded, dense: torch.Tensor, heads: int | None)
     the same file (specdec's cache stores it in bfloat16). llama.cpp stores a Llama model's q and
     k rows interleaved for its rotary layout (`heads`: that projection's head count), which
     transformers undoes; so is tried here. Raises if neither order matches."""
-    for candidate in (weight, _rows_unpermuted(weight, heads) if heads else None):
+    for candidate in (weight, rows_unpermuted(weight, heads) if heads else None):
         if candidate is None:
             continue
         decoded = candidate if isinstance(candidate, torch.Tensor) else candidate.dequantize()
@@ -78,7 +78,7 @@ def matching(name: str, weight: Decoded, dense: torch.Tensor, heads: int | None)
         )
 
 
-def _rows_unpermuted(weight: Decoded, heads: int) -> Decoded:
+def rows_unpermuted(weight: Decoded, heads: int) -> Decoded:
     """Undo llama.cpp's per-head interleave of rotary rows (rows [h, d/2, 2] -> [h, 2, d/2]), as
     transformers' GGUF loader does."""
     def fix(t: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,243 @@
+// specdec's own forward of a Llama-family decoder (Llama, Qwen2, SmolLM2) over n rows in one
+// call: embedding lookup, then per layer RMSNorm, q/k/v (+ bias), rotary, K/V written into a
+// static cache by slot, attention, o, residual, RMSNorm, gate/up, SiLU * up, down, residual;
+// then the final norm and the output layer, float32 logits. The linear layers are qgemm.cpp's
+// kernels (included below: the same tiles, the same bits as specdec.kernels.linear).
+//
+// Why a row's logits cannot depend on the block it is computed in: every step is computed per
+// row from that row alone (norms, rotary, SiLU; the kernels quantize each row by itself), and a
+// row's attention runs over exactly the cache slots it sees, in the order given, with the same
+// float operations whatever the other rows are; the threads split whole rows or (row, head)
+// pairs, so the split cannot change a value either. A tree row that sees the slots of its
+// ancestors therefore gets the bits of the chain row at the same position.
+//
+// Activations are float32 throughout; the cache holds float32 keys (after rotary) and values,
+// [capacity][kv_heads * head_dim] per layer, a slot per cached position.
+#include "qgemm.cpp"
+
+// One quantized linear weight in the kernels' tile layout (kernels.Packed), N outputs, K inputs.
+struct SdWeight {
+    int32_t bits, zero;
+    int64_t per_super, K, N;
+    const uint8_t* codes;
+    const void* subs;
+    const float* supers;
+    const float* bias;  // N float32 or null
+};
+
+// Layers fed the same input (q/k/v, gate/up): one stacked weight where their forms agree, else
+// one weight each; their outputs lie side by side in one row.
+struct SdParts {
+    SdWeight part[3];
+    int64_t count;
+};
+
+struct SdLayer {
+    SdParts qkv, gate_up;
+    SdWeight o, down;
+    const float *attn_norm, *mlp_norm;
+    float *k_cache, *v_cache;
+};
+
+struct SdModel {
+    int64_t layers, hidden, heads, kv_heads, head_dim, inter, capacity;
+    float eps, attn_scale;
+    const float* embedding;  // [vocab, hidden]
+    const float* final_norm;
+    const float *cos, *sin;  // [capacity][head_dim / 2]: rotary angles by position
+    const SdLayer* layer;
+    SdWeight head;
+};
+
+// Which cache slots a row sees: slots [0, prefix[r]) then extra[start[r] .. start[r+1]).
+struct SdVisible {
+    const int64_t *prefix, *start, *extra;
+};
+
+namespace {
+
+constexpr int kLanes = 16;  // a dot product's fixed partial sums (vectorised by the compiler)
+
+// y = x W^T (+ bias) for one weight; the rows are quantized once per call (qgemm's linear).
+void apply(const SdWeight& w, const float* x, int64_t rows, float* out) {
+    if (w.bits == 4)
+        linear(Q4{w.codes, static_cast<const uint8_t*>(w.subs), w.supers, w.per_super}, x, 0, rows, w.K, w.N, 0,
+               w.bias, out, 0, 0);
+    else
+        linear(Q8{w.codes, static_cast<const int8_t*>(w.subs), w.supers, w.zero}, x, 0, rows, w.K, w.N, w.zero,
+               w.bias, out, 0, 0);
+}
+
+thread_local std::vector<float> part_out;
+
+// The parts' outputs side by side in out [rows, sum of N].
+void apply_parts(const SdParts& p, const float* x, int64_t rows, float* out) {
+    if (p.count == 1) return apply(p.part[0], x, rows, out);
+    int64_t width = 0, at = 0;
+    for (int64_t i = 0; i < p.count; ++i) width += p.part[i].N;
+    for (int64_t i = 0; i < p.count; ++i) {
+        const int64_t n = p.part[i].N;
+        part_out.resize(rows * n);
+        apply(p.part[i], x, rows, part_out.data());
+        for (int64_t r = 0; r < rows; ++r) std::memcpy(out + r * width + at, &part_out[r * n], n * sizeof(float));
+        at += n;
+    }
+}
+
+// kLanes partial sums added in one fixed order.
+inline float reduce(float* acc) {
+    for (int w = kLanes / 2; w >= 1; w /= 2)
+        for (int l = 0; l < w; ++l) acc[l] = acc[l] + acc[l + w];
+    return acc[0];
+}
+
+// A dot product over n (a multiple of kLanes) in kLanes fixed partial sums.
+inline float dot(const float* a, const float* b, int64_t n) {
+    float acc[kLanes] = {};
+    for (int64_t d = 0; d < n; d += kLanes)
+        for (int l = 0; l < kLanes; ++l) acc[l] = acc[l] + a[d + l] * b[d + l];
+    return reduce(acc);
+}
+
+// HF's LlamaRMSNorm in float32: w * (x * rsqrt(mean(x^2) + eps)).
+void rms_norm(const float* x, const float* w, int64_t rows, int64_t H, float eps, float* out) {
+#pragma omp parallel for schedule(static) if (rows > 1)
+    for (int64_t r = 0; r < rows; ++r) {
+        const float* v = x + r * H;
+        const float inv = 1.f / std::sqrt(dot(v, v, H) / float(H) + eps);
+        for (int64_t i = 0; i < H; ++i) out[r * H + i] = w[i] * (v[i] * inv);
+    }
+}
+
+// HF's rotate_half layout: the pairs are (i, i + D/2); x*cos + rotate_half(x)*sin.
+inline void rotate(float* x, const float* c, const float* s, int64_t D) {
+    const int64_t h = D / 2;
+    for (int64_t i = 0; i < h; ++i) {
+        const float a = x[i], b = x[i + h];
+        x[i] = a * c[i] - b * s[i];
+        x[i + h] = b * c[i] + a * s[i];
+    }
+}
+
+// Rotary on q and k of each row, then k and v into the cache at the row's slot.
+void rope_and_store(const SdModel& m, const SdLayer& L, float* qkv, int64_t rows, const int64_t* positions,
+                    const int64_t* slots) {
+    const int64_t D = m.head_dim, width = (m.heads + 2 * m.kv_heads) * D, kv = m.kv_heads * D;
+#pragma omp parallel for schedule(static) if (rows > 1)
+    for (int64_t r = 0; r < rows; ++r) {
+        float* row = qkv + r * width;
+        const float* c = m.cos + positions[r] * (D / 2);
+        const float* s = m.sin + positions[r] * (D / 2);
+        for (int64_t h = 0; h < m.heads + m.kv_heads; ++h) rotate(row + h * D, c, s, D);
+        std::memcpy(L.k_cache + slots[r] * kv, row + m.heads * D, kv * sizeof(float));
+        std::memcpy(L.v_cache + slots[r] * kv, row + (m.heads + m.kv_heads) * D, kv * sizeof(float));
+    }
+}
+
+thread_local std::vector<float> scores;
+
+// One row and head over its visible slots, in their order: scores, softmax, weighted values.
+void attend(const SdModel& m, const SdLayer& L, const float* q, int64_t kvh, const SdVisible& vis, int64_t r,
+            float* out) {
+    const int64_t D = m.head_dim, kv = m.kv_heads * D, prefix = vis.prefix[r];
+    const int64_t* extra = vis.extra + vis.start[r];
+    const int64_t count = prefix + vis.start[r + 1] - vis.start[r];
+    auto slot = [&](int64_t j) { return j < prefix ? j : extra[j - prefix]; };
+    scores.resize(count);
+    float top = -INFINITY;
+    for (int64_t j = 0; j < count; ++j) {
+        scores[j] = dot(q, L.k_cache + slot(j) * kv + kvh * D, D) * m.attn_scale;
+        top = std::fmax(top, scores[j]);
+    }
+    float total = 0.f;
+    for (int64_t d = 0; d < D; ++d) out[d] = 0.f;
+    for (int64_t j = 0; j < count; ++j) {
+        const float p = std::exp(scores[j] - top);
+        total = total + p;
+        const float* v = L.v_cache + slot(j) * kv + kvh * D;
+        for (int64_t d = 0; d < D; ++d) out[d] = out[d] + p * v[d];
+    }
+    for (int64_t d = 0; d < D; ++d) out[d] = out[d] / total;
+}
+
+void attention(const SdModel& m, const SdLayer& L, const float* qkv, int64_t rows, const SdVisible& vis,
+               float* out) {
+    const int64_t D = m.head_dim, width = (m.heads + 2 * m.kv_heads) * D, group = m.heads / m.kv_heads;
+#pragma omp parallel for schedule(static)
+    for (int64_t task = 0; task < rows * m.heads; ++task) {
+        const int64_t r = task / m.heads, h = task % m.heads;
+        attend(m, L, qkv + r * width + h * D, h / group, vis, r, out + r * m.heads * D + h * D);
+    }
+}
+
+// silu(gate) * up per element, gate and up side by side in each row of gu.
+void silu_mul(const float* gu, int64_t rows, int64_t I, float* out) {
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < rows; ++r)
+        for (int64_t i = 0; i < I; ++i) {
+            const float g = gu[r * 2 * I + i];
+            out[r * I + i] = g / (1.f + std::exp(-g)) * gu[r * 2 * I + I + i];
+        }
+}
+
+void add(float* x, const float* y, int64_t count) {
+    for (int64_t i = 0; i < count; ++i) x[i] = x[i] + y[i];
+}
+
+struct Scratch {
+    std::vector<float> x, h, qkv, attn, gu, act, y;
+};
+Scratch scratch;
+
+}  // namespace
+
+extern "C" {
+
+// Forward n rows: tokens[r] at rotary position positions[r], its K/V written to slot slots[r],
+// seeing `vis`; logits [n - first, head N] for rows first .. n-1. The caller checks shapes and
+// that every slot and position lies below the capacity.
+void sd_decoder_forward(const SdModel* model, const int64_t* tokens, int64_t n, const int64_t* positions,
+                        const int64_t* slots, SdVisible vis, int64_t first, float* logits) {
+    const SdModel& m = *model;
+    const int64_t H = m.hidden, D = m.head_dim;
+    Scratch& s = scratch;
+    s.x.resize(n * H);
+    s.h.resize(n * H);
+    s.qkv.resize(n * (m.heads + 2 * m.kv_heads) * D);
+    s.attn.resize(n * m.heads * D);
+    s.gu.resize(n * 2 * m.inter);
+    s.act.resize(n * m.inter);
+    s.y.resize(n * H);
+    for (int64_t r = 0; r < n; ++r) std::memcpy(&s.x[r * H], m.embedding + tokens[r] * H, H * sizeof(float));
+    for (int64_t i = 0; i < m.layers; ++i) {
+        const SdLayer& L = m.layer[i];
+        rms_norm(s.x.data(), L.attn_norm, n, H, m.eps, s.h.data());
+        apply_parts(L.qkv, s.h.data(), n, s.qkv.data());
+        rope_and_store(m, L, s.qkv.data(), n, positions, slots);
+        attention(m, L, s.qkv.data(), n, vis, s.attn.data());
+        apply(L.o, s.attn.data(), n, s.y.data());
+        add(s.x.data(), s.y.data(), n * H);
+        rms_norm(s.x.data(), L.mlp_norm, n, H, m.eps, s.h.data());
+        apply_parts(L.gate_up, s.h.data(), n, s.gu.data());
+        silu_mul(s.gu.data(), n, m.inter, s.act.data());
+        apply(L.down, s.act.data(), n, s.y.data());
+        add(s.x.data(), s.y.data(), n * H);
+    }
+    rms_norm(s.x.data() + first * H, m.final_norm, n - first, H, m.eps, s.h.data());
+    apply(m.head, s.h.data(), n - first, logits);
+}
+
+// Copy cache slots from[i] -> to[i] in every layer, in order (to[i] <= from[i], ascending:
+// a tree's accepted path moved down onto consecutive slots).
+void sd_decoder_move(const SdModel* model, const int64_t* from, const int64_t* to, int64_t count) {
+    const SdModel& m = *model;
+    const int64_t kv = m.kv_heads * m.head_dim;
+    for (int64_t i = 0; i < m.layers; ++i)
+        for (int64_t j = 0; j < count; ++j) {
+            if (from[j] == to[j]) continue;
+            std::memcpy(m.layer[i].k_cache + to[j] * kv, m.layer[i].k_cache + from[j] * kv, kv * sizeof(float));
+            std::memcpy(m.layer[i].v_cache + to[j] * kv, m.layer[i].v_cache + from[j] * kv, kv * sizeof(float));
+        }
+}
+
+}  // extern "C"

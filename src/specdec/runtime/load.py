@@ -1,0 +1,71 @@
+"""Loading a model onto the native runtime: a registry model straight from its GGUF (config,
+tokenizer and generation config from its converted Hugging Face folder), or a dense
+transformers model rounded (tests, local folders)."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import torch
+from transformers import AutoConfig, GenerationConfig, PreTrainedModel
+
+from ..errors import SpecdecError
+from ..models.load import token_ids
+from ..quant import MODES
+from .config import decoder_config, rotary_tables
+from .lm import NativeLM
+from .native import Decoder
+from .source import SourceWeights, read_gguf, read_model
+from .weights import build
+
+CAPACITY = 4096  # cache slots by default: 28 layers x 256 floats x 2 x 4 B = 235 MiB for the 1.5B target
+
+
+def _check_mode(mode: str) -> None:
+    if mode not in MODES[1:]:
+        raise SpecdecError(f"the native runtime runs int4 or int8 weights, not {mode!r}")
+
+
+def _eos(generation_config: GenerationConfig | None) -> tuple[int, ...]:
+    eos = getattr(generation_config, "eos_token_id", None)
+    return () if eos is None else token_ids(eos)
+
+
+def _assemble(config, source: SourceWeights, mode: str, capacity: int, head_ids: torch.Tensor | None,
+              eos: tuple[int, ...]) -> NativeLM:
+    cfg = decoder_config(config)
+    weights = build(cfg, source, mode, head_ids)
+    cos, sin = rotary_tables(config, capacity)
+    return NativeLM(Decoder(weights, cos, sin, capacity), eos, cfg.max_positions)
+
+
+def load_registry(name: str, mode: str = "int4", capacity: int = CAPACITY,
+                  head_ids: torch.Tensor | None = None) -> NativeLM:
+    """A registry model from its GGUF in `mode` ("int4": Q4_K/Q4_1 exact, Q6_K exact as Q8,
+    other types rounded; "int8": Q6_K exact, the rest rounded to Q8). `head_ids`: score only
+    these token ids (a restricted draft head, sorted; specdec.draft_head.frequent_tokens)."""
+    from ..models.registry import REGISTRY, converted_folder, gguf_file
+
+    _check_mode(mode)
+    if name not in REGISTRY:
+        raise SpecdecError(f"unknown registry model {name!r}; the native runtime loads: {', '.join(REGISTRY)}")
+    folder = converted_folder(REGISTRY[name])
+    config = AutoConfig.from_pretrained(folder)
+    cfg = decoder_config(config)  # refuse before reading the weights
+    began = time.perf_counter()
+    source = read_gguf(gguf_file(name), cfg, mode)
+    lm = _assemble(config, source, mode, capacity, head_ids, _eos(GenerationConfig.from_pretrained(folder)))
+    print(f"specdec: {name} on the native runtime ({mode}, {time.perf_counter() - began:.1f} s)", file=sys.stderr)
+    return lm
+
+
+def load_model(model: PreTrainedModel, mode: str = "int4", capacity: int = CAPACITY,
+               head_ids: torch.Tensor | None = None) -> NativeLM:
+    """A dense transformers model on the native runtime, every linear layer rounded (int4: Q4
+    in groups of 32; the output layer Q8)."""
+    _check_mode(mode)
+    cfg = decoder_config(model.config)
+    return _assemble(model.config, read_model(model, cfg, mode), mode, capacity, head_ids,
+                     _eos(model.generation_config))
+

@@ -1,0 +1,126 @@
+"""A Llama-family model's weights by Hugging Face name, in the forms the native decoder runs:
+linear layers as Q4/Q8 weights (quant.weights), norms, biases and the embedding as float32.
+
+From a GGUF file (read_gguf): Q4_K and Q4_1 tensors stay exact Q4 in int4 mode, Q6_K exact Q8
+in either mode (quant.gguf_source); other types are rounded, to Q4 in int4 mode and Q8 in int8
+mode, as quant.model does for today's runtime. The output layer, where rounded, is Q8 (its
+logits decide the tokens). A tied output layer is the embedding tensor in these same forms.
+From a dense model (read_model: tests, Hugging Face folders) every layer is rounded.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from gguf import GGUFReader, quants
+from transformers import PreTrainedModel
+
+from ..errors import SpecdecError
+from ..models.quantized import Quantized, quantize_weights
+from ..quant.gguf_source import EXACT, linear_weights, rows_unpermuted
+from ..quant.weights import Q4Weight, Q8Weight, q4_rtn, q8_rtn
+from .config import DecoderConfig
+
+HEAD = "lm_head"
+EMBEDDING = "model.embed_tokens.weight"
+
+
+@dataclass
+class SourceWeights:
+    linears: Quantized  # module name -> weight
+    dense: dict[str, torch.Tensor]  # parameter name -> float32 (norms, biases, embedding)
+    forms: dict[str, str]  # module name -> how it was made, e.g. "Q4 = Q4_K (exact)"
+    origin: str
+
+
+# GGUF names of the float tensors besides the linear weights -> Hugging Face parameter names
+_DENSE = {"token_embd.weight": EMBEDDING, "output_norm.weight": "model.norm.weight"}
+_PER_LAYER = {"attn_norm.weight": "input_layernorm.weight", "ffn_norm.weight": "post_attention_layernorm.weight",
+              "attn_q.bias": "self_attn.q_proj.bias", "attn_k.bias": "self_attn.k_proj.bias",
+              "attn_v.bias": "self_attn.v_proj.bias"}
+
+
+def _dense_name(gguf_name: str) -> str | None:
+    if gguf_name in _DENSE:
+        return _DENSE[gguf_name]
+    match = re.fullmatch(r"blk\.(\d+)\.(\w+\.\w+)", gguf_name)
+    if match and match.group(2) in _PER_LAYER:
+        return f"model.layers.{match.group(1)}.{_PER_LAYER[match.group(2)]}"
+    return None
+
+
+def _in_mode(decoded: Q4Weight | Q8Weight | torch.Tensor, kind: str, mode: str, head: bool
+             ) -> tuple[Q4Weight | Q8Weight, str]:
+    """A decoded GGUF tensor in the form `mode` asks, and a note of what was done."""
+    if isinstance(decoded, Q8Weight):
+        return decoded, f"Q8 = {kind} (exact)"
+    if isinstance(decoded, Q4Weight):
+        if mode == "int4":
+            return decoded, f"Q4 = {kind} (exact)"
+        return q8_rtn(decoded.dequantize()), f"Q8 rounded from {kind}"
+    if mode == "int4" and not head:
+        return q4_rtn(decoded, 32), f"Q4 rounded from {kind}"
+    return q8_rtn(decoded), f"Q8 rounded from {kind}"
+
+
+def read_gguf(path: Path, cfg: DecoderConfig, mode: str) -> SourceWeights:
+    """The weights of a GGUF file (see the module docstring)."""
+    rotary_heads = {"self_attn.q_proj": cfg.heads, "self_attn.k_proj": cfg.kv_heads}
+    linears: Quantized = {}
+    forms: dict[str, str] = {}
+    for name, kind, decoded in linear_weights(path):
+        heads = rotary_heads.get(name.split(".", 3)[-1]) if cfg.model_type == "llama" else None
+        if heads:  # llama.cpp interleaves a Llama model's q/k rows for its rotary layout
+            decoded = rows_unpermuted(decoded, heads)
+        linears[name], forms[name] = _in_mode(decoded, kind, mode, name == HEAD)
+    dense: dict[str, torch.Tensor] = {}
+    for tensor in GGUFReader(str(path)).tensors:
+        name = _dense_name(tensor.name)
+        if name is None:
+            continue
+        shape = tuple(int(n) for n in reversed(tensor.shape.tolist()))
+        values = np.asarray(quants.dequantize(tensor.data, tensor.tensor_type), dtype=np.float32).reshape(shape)
+        dense[name] = torch.from_numpy(values)
+        if name == EMBEDDING and cfg.tied:
+            kind = tensor.tensor_type
+            decoded = EXACT[kind](tensor.data, shape) if kind in EXACT else dense[name]
+            linears[HEAD], forms[HEAD] = _in_mode(decoded, f"{kind.name} (tied embedding)", mode, True)
+    _check_complete(cfg, linears, dense, str(path))
+    return SourceWeights(linears, dense, forms, str(path))
+
+
+def read_model(model: PreTrainedModel, cfg: DecoderConfig, mode: str) -> SourceWeights:
+    """A dense Hugging Face model's weights, every linear layer rounded (int4: Q4 in groups of
+    32, the output layer Q8; int8: Q8)."""
+    linears = quantize_weights(model, mode, None, 32)
+    head = model.get_output_embeddings().weight.detach()
+    linears[HEAD] = q8_rtn(head)
+    forms = {name: f"{'Q4' if isinstance(w, Q4Weight) else 'Q8'} rounded from {model.dtype}"
+             for name, w in linears.items()}
+    dense = {name: p.detach().float() for name, p in model.named_parameters()
+             if p.dim() == 1 or name == EMBEDDING}
+    _check_complete(cfg, linears, dense, type(model).__name__)
+    return SourceWeights(linears, dense, forms, type(model).__name__)
+
+
+def _check_complete(cfg: DecoderConfig, linears: Quantized, dense: dict[str, torch.Tensor], origin: str) -> None:
+    """Every weight the decoder reads is there (else the file is of another layout)."""
+    needed = [HEAD, EMBEDDING, "model.norm.weight"]
+    for i in range(cfg.layers):
+        layer = f"model.layers.{i}."
+        needed += [layer + n for n in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+                                       "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj",
+                                       "input_layernorm.weight", "post_attention_layernorm.weight")]
+        if cfg.qkv_bias:
+            needed += [layer + f"self_attn.{p}_proj.bias" for p in "qkv"]
+    missing = [n for n in needed if n not in linears and n not in dense]
+    if missing:
+        raise SpecdecError(f"{origin} lacks {len(missing)} weights the decoder needs (first: {missing[0]}); "
+                           "is it a Llama-family model of this config?")
+
+
+__all__ = ["EMBEDDING", "HEAD", "SourceWeights", "read_gguf", "read_model"]

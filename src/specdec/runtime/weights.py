@@ -1,0 +1,95 @@
+"""The loaded model as the native decoder reads it: every linear layer packed for the kernels
+(q/k/v and gate/up stacked into one weight where their forms agree), the rest float32."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+
+from ..errors import SpecdecError
+from ..kernels import Packed, pack
+from ..quant.weights import Q4Weight, Q8Weight, stacked, tensor_fields
+from .config import DecoderConfig
+from .source import EMBEDDING, HEAD, SourceWeights
+
+
+@dataclass
+class Linear:
+    """Layers fed one input, as one or more packed weights whose outputs lie side by side."""
+
+    parts: list[Packed]
+    biases: list[torch.Tensor | None]
+
+
+@dataclass
+class LayerWeights:
+    qkv: Linear
+    o: Linear
+    gate_up: Linear
+    down: Linear
+    attn_norm: torch.Tensor
+    mlp_norm: torch.Tensor
+
+
+@dataclass
+class DecoderWeights:
+    """What was loaded, in which forms (`forms`: module name -> e.g. "Q4 = Q4_K (exact)")."""
+
+    config: DecoderConfig
+    embedding: torch.Tensor  # float32 [vocab, hidden]
+    layers: list[LayerWeights]
+    final_norm: torch.Tensor
+    head: Linear
+    head_ids: torch.Tensor | None  # sorted token ids the head scores (a restricted draft head), None: all
+    head_rows: int  # rows the head scores (its packed weight may carry padding rows beyond)
+    forms: dict[str, str]
+    mode: str
+    origin: str
+
+    def nbytes(self) -> int:
+        """Bytes of weights a forward reads (packed layers, norms; the embedding's rows not)."""
+        linears = [*(x for layer in self.layers for x in (layer.qkv, layer.o, layer.gate_up, layer.down)), self.head]
+        return sum(p.nbytes() for x in linears for p in x.parts)
+
+
+def _linear(weights: list[Q4Weight | Q8Weight], biases: list[torch.Tensor | None]) -> Linear:
+    """One packed weight where the forms agree (one kernel call), else one per layer."""
+    joined = stacked(weights) if len(weights) > 1 else weights[0]
+    if joined is not None:
+        bias = None if biases[0] is None else torch.cat(biases).float().contiguous()
+        return Linear([pack(joined)], [bias])
+    return Linear([pack(w) for w in weights], [None if b is None else b.float().contiguous() for b in biases])
+
+
+def _head_rows(weight: Q4Weight | Q8Weight, ids: torch.Tensor) -> Q4Weight | Q8Weight:
+    """The rows of `ids`, padded to a whole tile of 16 with copies of the last (scored, then
+    dropped)."""
+    padded = torch.cat([ids, ids[-1:].expand(-ids.numel() % 16)])
+    return dataclasses.replace(weight, **{f: getattr(weight, f)[padded] for f in tensor_fields(weight)})
+
+
+def build(cfg: DecoderConfig, source: SourceWeights, mode: str, head_ids: torch.Tensor | None = None
+          ) -> DecoderWeights:
+    lin, dense = source.linears, source.dense
+    layers = []
+    for i in range(cfg.layers):
+        at = f"model.layers.{i}."
+        qkv = [f"{at}self_attn.{p}_proj" for p in "qkv"]
+        layers.append(LayerWeights(
+            _linear([lin[n] for n in qkv], [dense.get(n + ".bias") for n in qkv]),
+            _linear([lin[at + "self_attn.o_proj"]], [None]),
+            _linear([lin[at + "mlp.gate_proj"], lin[at + "mlp.up_proj"]], [None, None]),
+            _linear([lin[at + "mlp.down_proj"]], [None]),
+            dense[at + "input_layernorm.weight"].contiguous(), dense[at + "post_attention_layernorm.weight"].contiguous(),
+        ))
+    head = lin[HEAD]
+    rows = head.codes.shape[0]
+    if head_ids is not None:
+        head_ids = torch.unique(head_ids.long())
+        if head_ids.numel() == 0 or int(head_ids[0]) < 0 or int(head_ids[-1]) >= rows:
+            raise SpecdecError(f"head token ids must lie in [0, {rows}) and not be empty")
+        head, rows = _head_rows(head, head_ids), head_ids.numel()
+    return DecoderWeights(cfg, dense[EMBEDDING].contiguous(), layers, dense["model.norm.weight"].contiguous(),
+                          _linear([head], [None]), head_ids, rows, source.forms, mode, source.origin)

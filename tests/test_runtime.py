@@ -1,0 +1,183 @@
+"""specdec's native runtime (specdec.runtime, kernels/decoder.cpp): its logits against
+transformers' forward on the same weights, every row's bits alone, in blocks and as tree rows,
+greedy speculative output equal to plain decoding bit for bit, the cache after trims, and the
+configs it refuses. Real weights (SmolLM2, the Qwen pair) in the tests marked `real`."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from conftest import perturbed
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+from specdec import DraftModel, PromptLookup, TreeDraft, generate
+from specdec.errors import SpecdecError
+from specdec.models.quantized import install
+from specdec.runtime import load_model
+from specdec.runtime.config import decoder_config
+from specdec.runtime.source import read_model
+
+VOCAB = 96
+
+
+def tiny(kind: str = "qwen2", seed: int = 0, layers: int = 2, **extra) -> torch.nn.Module:
+    """A float32 model of the shapes the kernels take (head_dim 32); Qwen2 with random q/k/v
+    biases, so that the bias path is exercised."""
+    torch.manual_seed(seed)
+    shapes = dict(vocab_size=VOCAB, hidden_size=128, intermediate_size=256, num_hidden_layers=layers,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, initializer_range=0.2,
+                  tie_word_embeddings=False) | extra
+    model = (Qwen2ForCausalLM(Qwen2Config(**shapes)) if kind == "qwen2" else LlamaForCausalLM(LlamaConfig(**shapes)))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):
+                p.normal_(0, 0.2)
+    return model.eval()
+
+
+@pytest.fixture(scope="module", params=["qwen2", "llama"])
+def pair(request):
+    """(transformers model, the same model on the native runtime, int4)."""
+    model = tiny(request.param)
+    return model, load_model(copy.deepcopy(model), "int4", capacity=128)
+
+
+def sequence(n: int, seed: int = 3) -> torch.Tensor:
+    return torch.randint(0, VOCAB, (n,), generator=torch.Generator().manual_seed(seed))
+
+
+def alone(lm, tokens: torch.Tensor) -> torch.Tensor:
+    """Each token's logits decoded one at a time from an empty cache."""
+    lm.reset()
+    return torch.cat([lm.forward(tokens[i : i + 1]) for i in range(tokens.numel())])
+
+
+@pytest.mark.parametrize("mode", ["int4", "int8"])
+def test_logits_match_transformers_on_the_same_quantized_weights(mode):
+    """transformers' forward with the same Q4/Q8 layers installed (quant.model.install, the
+    same kernels): the linear layers then compute the same bits from the same inputs, so the
+    two differ only by float order in norms, rotary, attention and SiLU (~1e-6 relative), which
+    can move an int8 activation by one step; 1e-4 of the logits' range bounds both."""
+    for kind in ("qwen2", "llama"):
+        model = tiny(kind)
+        lm = load_model(copy.deepcopy(model), mode, capacity=64)
+        reference = copy.deepcopy(model)
+        install(reference, read_model(reference, decoder_config(reference.config), mode).linears)
+        tokens = sequence(24)
+        with torch.no_grad():
+            expected = reference(tokens[None]).logits[0].float()
+        got = alone(lm, tokens)
+        assert (got - expected).abs().max() <= 1e-4 * expected.abs().max()
+        assert torch.equal(got.argmax(-1), expected.argmax(-1))
+
+
+def test_logits_near_transformers_on_the_dequantized_weights(pair):
+    """Against transformers' float32 forward on the dense weights the Q4/Q8 codes stand for:
+    the runtime's activations are int8 per block of 32 (about 0.4% of a block's largest value
+    per element), so the logits differ by that much amplified through the layers: 5% of their
+    range bounds it here (measured about 1%)."""
+    model, lm = pair
+    dense = copy.deepcopy(model)
+    for name, weight in read_model(dense, decoder_config(dense.config), "int4").linears.items():
+        dense.get_submodule(name).weight.data = weight.dequantize()
+    tokens = sequence(24)
+    with torch.no_grad():
+        expected = dense(tokens[None]).logits[0]
+    assert (alone(lm, tokens) - expected).abs().max() <= 0.05 * expected.abs().max()
+
+
+def test_every_row_is_the_same_alone_and_in_blocks_of_2_to_17(pair):
+    _, lm = pair
+    tokens = sequence(60)
+    single = alone(lm, tokens)
+    for size in range(2, 18):
+        lm.reset()
+        blocks = torch.cat([lm.forward(tokens[i : i + size]) for i in range(0, tokens.numel(), size)])
+        assert torch.equal(blocks, single), size
+    lm.reset()
+    assert torch.equal(lm.prefill(tokens), single[-1:])  # a prefill's last row too
+
+
+def test_tree_rows_equal_the_chain_rows_of_their_paths(pair):
+    """A tree whose nodes branch off the true continuation: every node on the true path gets
+    the bits of the chain row at its position; after keeping that path, decoding continues
+    with the chain's bits."""
+    _, lm = pair
+    tokens = sequence(30)
+    single = alone(lm, tokens)
+    start = 20
+    # root = tokens[start]; true path nodes 0 (depth 1), 2 (depth 2), 4 (depth 3); others are branches
+    nodes = [tokens[start + 1], (tokens[start + 1] + 1) % VOCAB, tokens[start + 2], (tokens[start + 2] + 5) % VOCAB,
+             tokens[start + 3], (tokens[start + 1] + 7) % VOCAB]
+    parents = torch.tensor([-1, -1, 0, 0, 2, 1])
+    lm.reset()
+    lm.prefill(tokens[:start])
+    rows = lm.forward_tree(torch.stack([tokens[start], *nodes]), parents)
+    for row, position in ((0, start), (1, start + 1), (3, start + 2), (5, start + 3)):
+        assert torch.equal(rows[row], single[position]), row
+    lm.keep_positions(start, [0, 1, 3, 5])
+    assert lm.length == start + 4 and lm.layer_lengths() == [start + 4] * 2
+    assert torch.equal(lm.forward(tokens[start + 4 :]), single[start + 4 :])
+
+
+def test_cache_after_trims_and_prefix_reuse(pair):
+    _, lm = pair
+    tokens = sequence(40)
+    single = alone(lm, tokens)
+    assert lm.length == 40 and lm.calls == 40
+    lm.trim(25)
+    assert lm.length == 25 and set(lm.layer_lengths()) == {25}
+    assert torch.equal(lm.forward(tokens[25:31]), single[25:31])
+    with pytest.raises(ValueError):
+        lm.trim(32)
+    # reuse keeps the cached prefix of the new prompt and forwards only the rest: the same bits
+    other = torch.cat([tokens[:12], sequence(8, seed=9)])
+    fresh = lm.prefill(other)
+    lm.prefill(tokens[:31])
+    assert torch.equal(lm.prefill(other, reuse=True), fresh) and lm.length == 20
+    assert lm.calls == 1
+
+
+def test_capacity_and_refused_configs():
+    lm = load_model(tiny(), "int4", capacity=16)
+    assert lm.max_positions == 16
+    with pytest.raises(SpecdecError, match="cache slots"):
+        lm.prefill(sequence(17))
+    refused = {"rope_parameters.rope_type": dict(rope_parameters={"rope_type": "linear", "factor": 2.0,
+                                                                   "rope_theta": 10000.0}),
+               "hidden_act": dict(hidden_act="gelu"), "head_dim": dict(num_attention_heads=8)}
+    for field, extra in refused.items():
+        with pytest.raises(SpecdecError, match=field):
+            load_model(tiny("llama", **extra), "int4")
+    with pytest.raises(SpecdecError, match="int4 or int8"):
+        load_model(tiny(), "none")
+
+
+def test_restricted_head_scores_its_ids_only():
+    model = tiny()
+    full = load_model(copy.deepcopy(model), "int4", capacity=32)
+    ids = torch.tensor([0, 3, 4, 17, 40, 41, 42, 90, 95])  # 9: the packed head pads to 16 rows
+    small = load_model(copy.deepcopy(model), "int4", capacity=32, head_ids=ids)
+    assert small.vocab_size == 9 and torch.equal(small.head_ids, ids)
+    tokens = sequence(10)
+    assert torch.equal(small.prefill(tokens), full.prefill(tokens)[:, ids])
+
+
+@pytest.mark.parametrize("proposer", ["draft", "draft-head", "lookup", "tree"])
+def test_greedy_speculative_equals_plain_decoding(proposer):
+    model = tiny(layers=3)
+    target = load_model(copy.deepcopy(model), "int4", capacity=256)
+    prompt = torch.cat([sequence(12), sequence(12)])  # repeats: prompt lookup finds n-grams
+    plain = generate(target, prompt, max_new_tokens=60, eos_token_id=[], check=True).new_tokens
+    head = torch.arange(0, VOCAB, 2) if proposer == "draft-head" else None
+    drafter = PromptLookup(k=4) if proposer == "lookup" else None
+    if drafter is None:
+        draft = DraftModel(load_model(perturbed(model, seed=2, scale=0.2), "int4", capacity=256, head_ids=head), k=3)
+        drafter = TreeDraft(draft, width=2) if proposer == "tree" else draft
+    result = generate(target, prompt, drafter=drafter, max_new_tokens=60, eos_token_id=[], check=True)
+    assert result.new_tokens == plain
+    assert result.stats.proposed > 0  # verify blocks of several rows ran
+    if proposer != "lookup":  # a random model rarely repeats its prompt; the draft agrees often
+        assert result.stats.accepted > 0
