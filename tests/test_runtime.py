@@ -181,3 +181,34 @@ def test_greedy_speculative_equals_plain_decoding(proposer):
     assert result.stats.proposed > 0  # verify blocks of several rows ran
     if proposer != "lookup":  # a random model rarely repeats its prompt; the draft agrees often
         assert result.stats.accepted > 0
+
+
+def test_the_runtime_choice_says_why_native_cannot_run_a_model():
+    from specdec.runtime.choose import unfit, use_native
+
+    assert use_native("auto", "smollm2-135m-instruct", "int4", "cpu")
+    assert not use_native("auto", "smollm2-135m-instruct", "none", "cpu")  # dense: transformers' model
+    assert not use_native("hf", "smollm2-135m-instruct", "int4", "cpu")
+    assert "on the CPU" in unfit("smollm2-135m-instruct", "int8", "cuda")
+    assert "registry models" in unfit("some/folder", "int4", "cpu")
+    with pytest.raises(SpecdecError, match="--runtime native: it runs int4 or int8 weights"):
+        use_native("native", "smollm2-135m-instruct", "none", "cpu")
+
+
+@pytest.mark.real
+def test_the_cli_runs_target_and_draft_on_the_native_runtime_and_speculation_is_exact(capsys):
+    """generate --runtime auto with int4 weights: both models on the native runtime (their
+    load lines say so), and the int4 draft's output equals plain decoding's bit for bit."""
+    import json
+
+    from specdec.cli import main
+
+    base = ["generate", "--target", "smollm2-135m-instruct", "--draft", "smollm2-135m-instruct",
+            "--target-quant", "int4", "--prompt", "def fib(n):", "--raw", "--max-new-tokens", "24", "--json"]
+    outs = []
+    for proposer in ("none", "draft:k=3:quant=int4", "draft:k=2:quant=int4:vocab=8192"):
+        assert main([*base, "--proposer", proposer]) == 0
+        captured = capsys.readouterr()
+        assert "on the native runtime (int4" in captured.err
+        outs.append(json.loads(captured.out)["new_tokens"])
+    assert outs[1] == outs[0] and outs[2] == outs[0]

@@ -18,7 +18,7 @@ from transformers import GenerationConfig, PreTrainedModel
 from transformers.generation import BaseStreamer
 
 from ..decode.engine import generate
-from ..decode.lm import CausalLM
+from ..decode.lm import runtime_of
 from ..decode.sampling import SamplingConfig
 from ..errors import SpecdecError
 from ..external import llamacpp
@@ -91,6 +91,8 @@ class Executor:
 
     def _unmodified(self, model: PreTrainedModel) -> PreTrainedModel:
         """The copy of `model` as loaded that transformers' methods run on, made on first use."""
+        if not isinstance(model, PreTrainedModel):
+            raise SpecdecError("transformers' methods (hf-*) run transformers' own model: pass --runtime hf")
         if id(model) not in self._stock:
             if is_prepared(model):
                 raise SpecdecError("transformers' methods need the models as loaded, before any specdec "
@@ -122,7 +124,7 @@ class Executor:
     def _run_specdec(self, method: Method, prompt_ids: list[int], seed: int | None, max_new_tokens: int) -> Measured:
         s = self.settings.sampling
         result = generate(
-            CausalLM(self.target, preallocate=not method.cat), prompt_ids,
+            runtime_of(self.target, preallocate=not method.cat), prompt_ids,
             drafter=build_proposer(method, self.drafts, self._pay_rule(method)), max_new_tokens=max_new_tokens,
             temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, seed=seed,
             eos_token_id=list(self.settings.eos_token_ids),

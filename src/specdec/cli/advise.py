@@ -120,8 +120,10 @@ def _engine_file(name: str, engine: str) -> str:
 def _load(args: argparse.Namespace, families):
     from .args import load_drafts
 
-    target, tokenizer = load_target(args)
-    return target, load_drafts(args, target, tokenizer, families), tokenizer
+    # advise times the target's and drafts' layers through transformers' model (tune.measure): on
+    # the hf runtime whatever --runtime says, until it measures the native runtime too.
+    target, tokenizer = load_target(args, runtime="hf")
+    return target, load_drafts(args, target, tokenizer, families, runtime="hf"), tokenizer
 
 
 def _load_random(args: argparse.Namespace):

@@ -17,6 +17,7 @@ from ..errors import SpecdecError
 from ..methods.kinds import KINDS
 from ..methods.spec import Flags, Method, parse, resolve_auto
 from ..quant import MODES
+from ..runtime.choose import RUNTIMES
 
 
 def add_model_args(p: argparse.ArgumentParser, draft_help: str = "draft model of draft and hybrid methods") -> None:
@@ -43,6 +44,10 @@ def add_model_args(p: argparse.ArgumentParser, draft_help: str = "draft model of
     p.add_argument("--dtype", default="auto", choices=["auto", *DTYPES],
                    help="auto: bfloat16 where the hardware has it natively, else float32")
     p.add_argument("--device", default="cpu")
+    p.add_argument("--runtime", default="auto", choices=RUNTIMES,
+                   help="native: specdec's own runtime (registry models of the Llama family in int4 or int8 on "
+                        "the CPU: one C++ call per forward); hf: transformers' model with specdec's forward; auto: "
+                        "native where it runs the model as asked, else hf")
     p.add_argument("--trust-remote-code", action="store_true",
                    help="allow a local model folder to run its own Python code")
 
@@ -90,10 +95,16 @@ def quant_record(args: argparse.Namespace) -> dict:
     return {"target": describe(args.target_quant, args.quant_group), "group": args.quant_group}
 
 
-def load_target(args: argparse.Namespace):
-    """The target of --target, quantized as --target-quant says, and its tokenizer."""
-    from ..models.load import load_model
+def load_target(args: argparse.Namespace, runtime: str | None = None):
+    """The target of --target, quantized as --target-quant says, on the runtime --runtime (or
+    `runtime`) picks: a transformers model or a native runtime (runtime.NativeLM); and its tokenizer."""
+    from ..models.load import load_model, load_tokenizer
+    from ..runtime.choose import use_native
 
+    if use_native(runtime or args.runtime, args.target, args.target_quant, args.device):
+        from ..runtime import load_registry
+
+        return load_registry(args.target, args.target_quant), load_tokenizer(args.target, args.trust_remote_code)
     return load_model(args.target, args.dtype, args.device, args.trust_remote_code, args.target_quant,
                       args.quant_group)
 
@@ -144,20 +155,31 @@ def load_advice(path: str | None):
     return Advice.load(path) if path else None
 
 
-def load_drafts(args: argparse.Namespace, target, tokenizer, methods: list[Method], reuse_caches: bool = False):
+def load_drafts(args: argparse.Namespace, target, tokenizer, methods: list[Method], reuse_caches: bool = False,
+                runtime: str | None = None):
     """The draft of --draft, checked against the target's vocabulary, with the variants the
-    methods run built (specdec.build.Drafts); no model is loaded when no method runs a draft."""
+    methods run built (specdec.methods.build.Drafts): on the native runtime where --runtime (or
+    `runtime`) puts them, else from one transformers model, which is loaded only if a variant
+    needs it; nothing is loaded when no method runs a draft."""
     from ..methods.build import Drafts
-    from ..models.load import check_same_vocab, load_model
+    from ..models.load import check_same_vocab, load_model, load_tokenizer
+    from ..runtime.choose import use_native
 
-    if not any(m.uses_draft for m in methods):
+    drafting = [m for m in methods if m.uses_draft]
+    if not drafting:
         return Drafts(None)
     if args.draft == "none":
-        raise SpecdecError(f"{next(m for m in methods if m.uses_draft).label} needs a draft model: drop it or pass --draft")
-    draft, draft_tokenizer = load_model(args.draft, args.dtype, args.device, args.trust_remote_code)
-    check_same_vocab(tokenizer, draft_tokenizer, target, draft)
-    drafts = Drafts(draft, tokenizer, reuse_caches, source=args.draft, group=args.quant_group)
+        raise SpecdecError(f"{drafting[0].label} needs a draft model: drop it or pass --draft")
+    native = {m.draft_variant for m in drafting
+              if not m.is_hf and use_native(runtime or args.runtime, args.draft, m.quant or "none", args.device)}
+    draft = draft_tokenizer = None
+    if any(m.draft_variant not in native for m in drafting):
+        draft, draft_tokenizer = load_model(args.draft, args.dtype, args.device, args.trust_remote_code)
+    drafts = Drafts(draft, tokenizer, reuse_caches, source=args.draft, group=args.quant_group, native=native)
     drafts.prepare(methods)
+    draft_tokenizer = draft_tokenizer or load_tokenizer(args.draft, args.trust_remote_code)
+    unrestricted = next((drafts.lm(m) for m in drafting if m.vocab is None and m.draft_variant in native), None)
+    check_same_vocab(tokenizer, draft_tokenizer, target, draft if draft is not None else unrestricted)
     return drafts
 
 

@@ -85,7 +85,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from ..decode.sampling import SamplingConfig
     from ..machine import PeakMemory
     from ..methods.spec import parse, parse_list
-    from ..models.load import eos_token_ids, load_tokenizer
+    from ..models.load import eos_of, load_tokenizer
     from ..prompts.chat import encode_prompt
     from ..prompts.datasets import Selection, load_prompts
 
@@ -120,7 +120,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     executor = None
     if local:
         drafts = load_drafts(args, target, tokenizer, _resolved(local, auto))
-        settings = RunSettings(args.max_new_tokens, sampling, args.seed, eos_token_ids(target))
+        settings = RunSettings(args.max_new_tokens, sampling, args.seed, eos_of(target))
         executor = Executor(target, drafts, settings, memory, auto, advice, target_name=args.target)
         executor.prepare(local)
     encoded = [EncodedPrompt(p, encode_prompt(tokenizer, p.text, raw=args.raw)) for p in prompts]

@@ -34,10 +34,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def cmd_check(args: argparse.Namespace) -> int:
     from tqdm import tqdm
+    from transformers import PreTrainedModel
 
     from ..conform import check
     from ..external.hf import hf_greedy
-    from ..models.load import eos_token_ids
+    from ..models.load import eos_of
     from ..prompts.chat import encode_prompt
 
     if args.endpoint or args.reference:
@@ -57,17 +58,21 @@ def cmd_check(args: argparse.Namespace) -> int:
         print(f"[check] the reference is the {quant_record(args)['target']} target's own decoding: "
               "lossless relative to the quantized weights", file=sys.stderr)
     prompts = [encode_prompt(tokenizer, t, raw=args.raw) for t in check.GREEDY_PROMPTS[: plan.greedy_prompts]]
-    # transformers first: specdec's first generation repacks the target's layers in place.
-    eos = eos_token_ids(target)
-    hf = [hf_greedy(target, p, plan.greedy_tokens, eos)
-          for p in tqdm(prompts, desc="transformers' generate", file=sys.stderr)]
+    checks = [("greedy", lambda: check.check_greedy(target, drafter, prompts, plan.greedy_tokens))]
+    if isinstance(target, PreTrainedModel):
+        # transformers first: specdec's first generation repacks the target's layers in place.
+        eos = eos_of(target)
+        hf = [hf_greedy(target, p, plan.greedy_tokens, eos)
+              for p in tqdm(prompts, desc="transformers' generate", file=sys.stderr)]
+        checks.append(("transformers", lambda: check.check_transformers(target, prompts, hf, plan.greedy_tokens)))
+    else:
+        print("[check] the target runs on specdec's native runtime: transformers' generate is not compared "
+              "(it runs transformers' own model; --runtime hf compares it)", file=sys.stderr)
     eta = check.estimate_seconds(target, drafter, plan, raw)
     print(f"[check] estimated time: about {eta / 60:.1f} min more", file=sys.stderr)
     contexts = [raw(t) for t in check.SAMPLING_CONTEXTS]
     with tqdm(total=plan.samples * len(contexts), desc="sampling", file=sys.stderr) as bar:
-        results = check.run_checks([
-            ("greedy", lambda: check.check_greedy(target, drafter, prompts, plan.greedy_tokens)),
-            ("transformers", lambda: check.check_transformers(target, prompts, hf, plan.greedy_tokens)),
+        results = check.run_checks(checks + [
             ("sampling", lambda: check.check_sampling(target, drafter, contexts, plan, progress=bar.update)),
             ("invariants", lambda: check.check_invariants(target, drafter, prompts[0], plan.greedy_tokens)),
         ])

@@ -28,7 +28,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def cmd_generate(args: argparse.Namespace) -> int:
     from ..decode.engine import GenerationInterrupted, generate
-    from ..decode.lm import CausalLM
+    from ..decode.lm import runtime_of
     from ..prompts.chat import encode_prompt, require_text
     from .stream import Streamer
 
@@ -40,7 +40,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     code = 0
     try:
         result = generate(
-            CausalLM(target, preallocate=not method.cat), prompt, drafter=drafter,
+            runtime_of(target, preallocate=not method.cat), prompt, drafter=drafter,
             max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
             seed=args.seed, on_commit=streamer.on_commit if streamer else None,
         )

@@ -102,20 +102,28 @@ def check_transformers(target, prompts: list[list[int]], hf_outputs: list[list[i
                        head + "; " + "; ".join(lines))
 
 
-def exact_joint(model: PreTrainedModel, prompt: list[int], cfg: SamplingConfig, positions: int) -> dict:
-    """Exact P(x1..xn) of plain sampling from `model`, over the tokens that have non-zero
-    probability (a small top-k keeps this enumerable): {token tuple: probability}."""
+def exact_joint(model, prompt: list[int], cfg: SamplingConfig, positions: int) -> dict:
+    """Exact P(x1..xn) of plain sampling from `model` (a transformers model, or a runtime: one
+    prefill per prefix), over the tokens that have non-zero probability (a small top-k keeps
+    this enumerable): {token tuple: probability}."""
     joint = {(): 1.0}
     for _ in range(positions):
         prefixes = [p for p, w in joint.items() if w > 0]
-        batch = torch.tensor([prompt + list(p) for p in prefixes], device=model.device)
-        with torch.inference_mode():
-            rows = probs(model(input_ids=batch, logits_to_keep=1).logits[:, -1].float(), cfg).cpu()
+        rows = probs(_last_rows(model, [prompt + list(p) for p in prefixes]), cfg).cpu()
         joint = {
             p + (int(t),): joint[p] * float(row[t])
             for p, row in zip(prefixes, rows) for t in row.nonzero().flatten()
         }
     return joint
+
+
+@torch.inference_mode()
+def _last_rows(model, sequences: list[list[int]]) -> torch.Tensor:
+    """The float32 next-token logits after each sequence (all of one length)."""
+    if isinstance(model, PreTrainedModel):
+        batch = torch.tensor(sequences, device=model.device)
+        return model(input_ids=batch, logits_to_keep=1).logits[:, -1].float()
+    return torch.cat([model.prefill(torch.tensor(s, device=model.device))[-1:] for s in sequences])
 
 
 def chi2_pvalue(observed: dict, expected: dict, n: int) -> tuple[float, str]:

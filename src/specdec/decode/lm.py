@@ -11,6 +11,7 @@ from ..forward import attention, block_invariant, prefer_gqa_attention, prepare
 from ..models.draft_head import HEAD_IDS
 from ..models.load import eos_token_ids, logit_width
 from .cache import KVCache, PreallocatedLayer, cache_keyword
+from .interface import Runtime
 
 # Prompts are prefilled in blocks of at most this many tokens: a forward's activations (the MLP's
 # intermediate rows, attention scores where SDPA materialises them) grow with its rows: at 8K one
@@ -220,3 +221,14 @@ def shared_prefix(a: torch.Tensor, b: torch.Tensor) -> int:
     n = min(a.numel(), b.numel())
     differ = (a[:n] != b[:n]).nonzero()
     return int(differ[0]) if differ.numel() else n
+
+
+def runtime_of(target: PreTrainedModel | Runtime, preallocate: bool = True) -> Runtime:
+    """The runtime a generation runs `target` on: a transformers model in a fresh CausalLM
+    (`preallocate` False: transformers' concatenating cache, cat=1), any other runtime as it is
+    (it starts a fresh cache at its next prefill)."""
+    if isinstance(target, PreTrainedModel):
+        return CausalLM(target, preallocate=preallocate)
+    if not preallocate:
+        raise SpecdecError("cat=1 measures transformers' concatenating KV cache: run it with --runtime hf")
+    return target

@@ -18,10 +18,11 @@ from collections.abc import Iterable
 
 from transformers import PreTrainedModel
 
+from ..decode.interface import Runtime
 from ..decode.lm import CausalLM
 from ..decode.proposal import Proposer
 from ..errors import SpecdecError
-from ..models.draft_head import restrict_to_frequent
+from ..models.draft_head import frequent_head_ids, restrict_to_frequent
 from ..models.draft_quant import quantize_draft
 from ..proposers import DraftModel
 from ..proposers.policy import AcceptanceSchedule, ConfidenceFloor, PayRule, Policy, combined
@@ -37,12 +38,15 @@ class Drafts:
     cache layout) so that generations can reuse its prefilled prefix (specdec sweep)."""
 
     def __init__(self, model: PreTrainedModel | None, tokenizer=None, reuse_caches: bool = False,
-                 source: str | None = None, group: int = 32):
+                 source: str | None = None, group: int = 32, native: set[Variant] | frozenset = frozenset()):
         """`tokenizer` (the target's) is needed only for restricted heads (vocab=N); `source`
         (the registry name or folder the draft was loaded from) and `group` only for quantized
-        variants (quant=int4: specdec.quant.cache; without a source the weights are rounded)."""
+        variants (quant=int4: specdec.models.quant_cache; without a source the weights are
+        rounded). `native`: the variants that run on specdec's native runtime, loaded from the
+        registry draft `source`'s GGUF (the others are made from `model`)."""
         self.loaded, self.tokenizer, self.reuse_caches = model, tokenizer, reuse_caches
-        self.source, self.group = source, group
+        self.source, self.group, self.native = source, group, set(native)
+        self._natives: dict[Variant, Runtime] = {}
         self._variants: dict[Variant, PreTrainedModel] = {}
         self._lms: dict[tuple[Variant, bool], CausalLM] = {}
         self._consumed_by: Variant | None = None  # the variant made from the loaded model in place
@@ -50,6 +54,10 @@ class Drafts:
     def prepare(self, methods: Iterable[Method]) -> None:
         """Build every variant these methods run, now, so a bad option fails before any run."""
         needed = list(dict.fromkeys(m.draft_variant for m in methods if m.uses_draft))
+        for variant in needed:
+            if variant in self.native and variant not in self._natives:
+                self._natives[variant] = self._native(variant)
+        needed = [v for v in needed if v not in self.native]
         if not needed:
             return
         if self.loaded is None:
@@ -64,8 +72,15 @@ class Drafts:
             self.prepare([Method("draft", quant=variant[0], vocab=variant[1])])
         return self._variants[variant]
 
-    def lm(self, method: Method) -> CausalLM:
-        """The CausalLM a method's draft runs in: a fresh cache, or the kept one."""
+    def lm(self, method: Method) -> Runtime:
+        """The runtime a method's draft runs in: a native one (its cache restarts at each
+        prefill), or a CausalLM with a fresh cache or the kept one."""
+        if method.draft_variant in self.native:
+            if method.cat:
+                raise SpecdecError("cat=1 measures transformers' concatenating KV cache: run it with --runtime hf")
+            if method.draft_variant not in self._natives:
+                self.prepare([method])
+            return self._natives[method.draft_variant]
         key = (method.draft_variant, method.cat)
         if key in self._lms:
             return self._lms[key]
@@ -73,6 +88,17 @@ class Drafts:
         if self.reuse_caches:
             self._lms[key] = lm
         return lm
+
+    def _native(self, variant: Variant) -> Runtime:
+        from ..runtime import load_registry
+
+        quant, vocab = variant
+        head = None
+        if vocab is not None:
+            if self.tokenizer is None:
+                raise SpecdecError("vocab=N counts token frequencies with the tokenizer: pass the target's tokenizer")
+            head = frequent_head_ids(self.tokenizer, vocab, len(self.tokenizer))
+        return load_registry(self.source, quant, head_ids=head)
 
     def _make(self, variant: Variant, in_place: bool) -> PreTrainedModel:
         if self._consumed_by is not None:  # the loaded model is a variant now: nothing to copy from

@@ -72,9 +72,12 @@ def bundled_text_tokens(tokenizer) -> list[list[int]]:
             for p in read_prompts(dataset_path("spec-bench"))]
 
 
-def restrict_to_frequent(model: PreTrainedModel, tokenizer, n: int) -> PreTrainedModel:
-    """Restrict `model`'s head to the `n` most frequent ids of the bundled text (see above)."""
-    width = model.get_output_embeddings().out_features
-    keep = frequent_tokens(bundled_text_tokens(tokenizer), n, min(width, len(tokenizer)),
+def frequent_head_ids(tokenizer, n: int, width: int) -> torch.Tensor:
+    """The `n` most frequent ids of the bundled text among the `width` a head scores (see above)."""
+    return frequent_tokens(bundled_text_tokens(tokenizer), n, min(width, len(tokenizer)),
                            always=tokenizer.all_special_ids)
-    return restrict_head(model, keep)
+
+
+def restrict_to_frequent(model: PreTrainedModel, tokenizer, n: int) -> PreTrainedModel:
+    """Restrict `model`'s head to the `n` most frequent ids of the bundled text."""
+    return restrict_head(model, frequent_head_ids(tokenizer, n, model.get_output_embeddings().out_features))

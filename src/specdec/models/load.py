@@ -102,20 +102,23 @@ def _local_folder(path: str) -> Path:
 def check_same_vocab(
     target_tok: PreTrainedTokenizerBase,
     draft_tok: PreTrainedTokenizerBase,
-    target_model: PreTrainedModel,
-    draft_model: PreTrainedModel,
+    target_model,
+    draft_model,
 ) -> None:
     """Raise unless a draft token id means the same token to the target, as speculation needs.
 
     The two models' logit widths may differ (checkpoints pad the output layer differently), so each
-    only has to cover the shared tokenizer's ids.
+    only has to cover the shared tokenizer's ids. `draft_model` None: only the tokenizers and the
+    target are checked (a draft that runs in restricted-head variants only: its width is theirs).
     """
     fix = "use a draft with the target's tokenizer, or --proposer lookup, which needs no draft model"
     if target_tok.get_vocab() != draft_tok.get_vocab():
         raise SpecdecError(f"the target and draft tokenizers have different vocabularies; {fix}")
     needed = max(target_tok.get_vocab().values()) + 1
     for role, model in (("target", target_model), ("draft", draft_model)):
-        width = logit_width(model)
+        if model is None:
+            continue
+        width = scored_width(model)
         if width < needed:
             raise SpecdecError(f"the {role} model scores {width} token ids but its tokenizer uses {needed}; {fix}")
 
@@ -133,6 +136,17 @@ def logit_width(model: PreTrainedModel) -> int:
     head = model.get_output_embeddings()
     # out_features also exists on quantized heads, whose weight is a method, not a tensor
     return getattr(head, "out_features", None) or head.weight.shape[0]
+
+
+def scored_width(model) -> int:
+    """Token ids a model scores: a transformers model's output layer, or a runtime's vocab_size
+    (decode.interface.Runtime, e.g. the native runtime's)."""
+    return logit_width(model) if isinstance(model, PreTrainedModel) else model.vocab_size
+
+
+def eos_of(model) -> tuple[int, ...]:
+    """End-of-sequence ids of a transformers model or a runtime."""
+    return eos_token_ids(model) if isinstance(model, PreTrainedModel) else model.eos_token_ids
 
 
 def eos_token_ids(model: PreTrainedModel) -> tuple[int, ...]:

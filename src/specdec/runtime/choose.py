@@ -1,0 +1,38 @@
+"""Which runtime a model runs on: specdec's native decoder or transformers' model (decode.lm).
+
+`auto` takes the native runtime where it runs the model as asked (a registry model of the Llama
+family, int4 or int8 weights, on the CPU) and transformers' model everywhere else (dense weights,
+GPUs, other architectures, a local folder); `native` insists and says why it cannot; `hf`
+keeps transformers' model (what hf-* bench methods and the comparison with transformers'
+generate need)."""
+
+from __future__ import annotations
+
+from ..errors import SpecdecError
+
+RUNTIMES = ("auto", "native", "hf")
+
+
+def use_native(runtime: str, name: str, quant: str, device: str) -> bool:
+    """Whether `name` in `quant` on `device` runs on the native runtime under `--runtime runtime`."""
+    if runtime not in RUNTIMES:
+        raise SpecdecError(f"unknown runtime {runtime!r}; use one of: {', '.join(RUNTIMES)}")
+    if runtime == "hf":
+        return False
+    problem = unfit(name, quant, device)
+    if problem and runtime == "native":
+        raise SpecdecError(f"--runtime native: {problem}; use --runtime hf (or auto)")
+    return problem is None
+
+
+def unfit(name: str, quant: str, device: str) -> str | None:
+    """Why the native runtime cannot run this model as asked, None if it can."""
+    from ..models.registry import REGISTRY
+
+    if quant not in ("int4", "int8"):
+        return "it runs int4 or int8 weights (--target-quant / --draft-quant int4 or int8)"
+    if not str(device).startswith("cpu"):
+        return "it runs on the CPU"
+    if name not in REGISTRY:
+        return f"it loads registry models straight from their GGUF ({', '.join(REGISTRY)}), not {name}"
+    return None
