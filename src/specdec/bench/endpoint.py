@@ -47,9 +47,12 @@ class EndpointExecutor:
     """Runs `endpoint:name=NAME` methods against the endpoints of those names."""
 
     def __init__(self, endpoints: list[Endpoint], settings: EndpointSettings, texts: dict[tuple[int, ...], str]):
-        """`texts` maps a prompt's ids to its text, for chat endpoints (the runner hands out ids)."""
+        """`texts` maps a prompt's ids to its text, for chat endpoints (the runner hands out ids);
+        `rendered` maps them to their own text (chat template applied), for a completions
+        endpoint that takes no ids."""
         self.endpoints = {e.name: e for e in endpoints}
         self.settings, self.texts = settings, texts
+        self.rendered: dict[tuple[int, ...], str] = {}
         self.client = httpx.Client(timeout=httpx.Timeout(settings.timeout_s))
         self.served: dict[str, Served] = {}
 
@@ -58,8 +61,8 @@ class EndpointExecutor:
         returns what each serves, for the run's config (the URLs go to its environment: a
         server restarted on another port may continue a run, store.VOLATILE)."""
         self.served = {name: probe(e, self.client) for name, e in self.endpoints.items()}
-        return {name: {"api": e.api, "model": self.served[name].model, "vllm_metrics": self.served[name].vllm_metrics}
-                for name, e in self.endpoints.items()}
+        return {name: {"api": e.api, "model": self.served[name].model, "vllm_metrics": self.served[name].vllm_metrics,
+                       "prompt_form": self.served[name].prompt_form} for name, e in self.endpoints.items()}
 
     def urls(self) -> dict[str, str]:
         return {name: e.url for name, e in self.endpoints.items()}
@@ -81,7 +84,7 @@ class EndpointExecutor:
         else:
             with ThreadPoolExecutor(max_workers=len(prompts)) as pool:
                 streams = list(pool.map(one, prompts))
-        rows = [endpoint_row(s, len(prompts)) for s in streams]
+        rows = [endpoint_row(s, len(prompts), self.served[method.name].prompt_form) for s in streams]
         if counters:
             rows[0].update(counters().minus(before).row_fields())
         return rows
@@ -91,10 +94,10 @@ class EndpointExecutor:
 
     def complete(self, method: Method, prompt_ids: list[int], max_tokens: int, top_logprobs: int | None = None) \
             -> Streamed:
-        endpoint = self.endpoints[method.name]
-        request = Request(max_tokens, prompt_ids=prompt_ids, message=self.texts.get(tuple(prompt_ids)),
-                          top_logprobs=top_logprobs or self.settings.top_logprobs)
-        return complete(self.client, endpoint, self.served[method.name].model, request)
+        endpoint, served, key = self.endpoints[method.name], self.served[method.name], tuple(prompt_ids)
+        request = Request(max_tokens, prompt_ids=prompt_ids, message=self.texts.get(key),
+                          prompt_text=self.rendered.get(key), top_logprobs=top_logprobs or self.settings.top_logprobs)
+        return complete(self.client, endpoint, served.model, request, served.prompt_form)
 
     def _counters(self, method: Method) -> Callable[[], SpecCounters] | None:
         endpoint = self.endpoints[method.name]
@@ -134,8 +137,8 @@ def explain_endpoint_differences(out: Path, executor: EndpointExecutor, prompt_i
     return known
 
 
-def endpoint_row(s: Streamed, concurrency: int) -> dict:
-    """The measurement fields of one endpoint row."""
+def endpoint_row(s: Streamed, concurrency: int, prompt_form: str) -> dict:
+    """The measurement fields of one endpoint row; `prompt_form`: how its prompt was sent."""
     timings = s.timings or {}
     drafted = "draft_n" in timings
     return {
@@ -149,6 +152,7 @@ def endpoint_row(s: Streamed, concurrency: int) -> dict:
         "tokens_per_s": s.decode_tokens / s.decode_s if s.decode_tokens > 0 and s.decode_s > 0 else None,
         "ttft_s": s.ttft_s,
         "concurrency": concurrency,
+        "prompt_form": prompt_form,
         "times": {"prefill": s.ttft_s, "decode": s.decode_s},
         "rounds": None,
         "accept_source": "llama.cpp timings" if drafted else None,

@@ -99,7 +99,9 @@ def cmd_check_endpoint(args: argparse.Namespace) -> int:
     texts = list(GREEDY_PROMPTS[: args.greedy_prompts])
     needs_ids = COMPLETIONS in (candidate.api, reference.api)
     tokenizer = load_tokenizer(args.target, args.trust_remote_code) if needs_ids else None
-    prompts = [(encode_prompt(tokenizer, t, raw=args.raw) if tokenizer else None, t) for t in texts]
+    encoded = [encode_prompt(tokenizer, t, raw=args.raw) if tokenizer else None for t in texts]
+    # each prompt's ids as text too, for a completions server that takes no ids
+    prompts = [(ids, t, tokenizer.decode(ids) if ids else None) for ids, t in zip(encoded, texts)]
     start = time.perf_counter()
     with httpx.Client(timeout=httpx.Timeout(args.endpoint_timeout)) as client, \
             tqdm(total=len(prompts), desc="prompts", file=sys.stderr) as bar:
