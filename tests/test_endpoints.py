@@ -325,3 +325,11 @@ def test_check_sends_text_to_a_server_that_refuses_token_ids(tiny_tokenizer, cap
     assert len(result["prompts"]) == 2 and code == (0 if result["passed"] else 1)
     assert len(text.prompts) == 2 and all(isinstance(p, str) for p in text.prompts)
     assert len(ids.prompts) == 2 and all(isinstance(p, list) for p in ids.prompts)
+
+
+def test_a_server_that_refuses_ids_and_text_alike_is_a_one_line_error(tmp_path, tiny_tokenizer, prompts_file, capsys):
+    with FakeServer(takes_ids=False, takes_text=False) as server:
+        assert bench(tmp_path / "run", f"s={server.url}") == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "endpoint s:" in err and "refused a one-token completion: HTTP 500" in err
+    assert not (tmp_path / "run").exists()
