@@ -51,17 +51,23 @@ def main() -> int:
                    "servers; give bench --concurrency the same number (vLLM batches up to 4 by itself)")
     p.add_argument("--out", required=True)
     p.add_argument("--check", action="store_true", help="also run specdec check --endpoint spec --reference plain")
+    p.add_argument("--spec-only", action="store_true", help="start the speculative server alone (no baseline, no "
+                   "check): where two servers do not fit in memory (vLLM CPU: about 8 GB per 1.5B server)")
     args, bench = p.parse_known_args()
     bench = [a for a in bench if a != "--"]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    servers = (vllm_servers if args.engine == "vllm" else llama_servers)(args, out)
+    names = ["spec"] if args.spec_only else ["plain", "spec"]
     with ExitStack() as stack:
-        plain, spec = (stack.enter_context(s) for s in (vllm_servers if args.engine == "vllm" else llama_servers)(args, out))
-        for name, server in (("plain", plain), ("spec", spec)):
+        started = {name: stack.enter_context(servers[-len(names) + i]) for i, name in enumerate(names)}
+        for name, server in started.items():
             print(f"[serving] {name}: {shlex.join(server.command)}", file=sys.stderr)
-        endpoints = ["--endpoint", f"plain={plain.url}/v1/completions", "--endpoint", f"spec={spec.url}/v1/completions"]
-        code = specdec(["bench", *endpoints, "--baseline", "plain", "--out", str(out / "bench"), *bench])
-        if args.check and code == 0:
+        endpoints = [a for name, server in started.items() for a in ("--endpoint", f"{name}={server.url}/v1/completions")]
+        baseline = [] if args.spec_only else ["--baseline", "plain"]
+        code = specdec(["bench", *endpoints, *baseline, "--out", str(out / "bench"), *bench])
+        plain, spec = started.get("plain"), started["spec"]
+        if args.check and plain and code == 0:
             target = bench[bench.index("--target") + 1] if "--target" in bench else args.model
             code = specdec(["check", "--endpoint", f"spec={spec.url}/v1/completions", "--reference",
                             f"plain={plain.url}/v1/completions", "--target", target, "--tokens", "128",
@@ -69,20 +75,20 @@ def main() -> int:
     return code
 
 
-def llama_servers(args: argparse.Namespace, out: Path):
-    """A plain and a speculative llama-server, started one after the other."""
+def llama_servers(args: argparse.Namespace, out: Path) -> list[LlamaServer]:
+    """A plain and a speculative llama-server (not started yet)."""
     model = gguf_file(args.model)
     draft = None if args.draft == "none" else gguf_file(args.draft) if args.draft else model
     extra = shlex.split(args.server_args)
     context = 4096 * args.parallel  # each slot gets 4096 tokens
     common = dict(threads=args.threads, parallel=args.parallel, context=context)
-    yield LlamaServer(model, args=extra, log=out / "server-plain.log", **common)
-    yield LlamaServer(model, draft=draft, args=extra + shlex.split(args.spec_args), log=out / "server-spec.log",
-                      **common)
+    return [LlamaServer(model, args=extra, log=out / "server-plain.log", **common),
+            LlamaServer(model, draft=draft, args=extra + shlex.split(args.spec_args), log=out / "server-spec.log",
+                        **common)]
 
 
-def vllm_servers(args: argparse.Namespace, out: Path):
-    """A plain vLLM server and one with --spec-config."""
+def vllm_servers(args: argparse.Namespace, out: Path) -> list[VllmServer]:
+    """A plain vLLM server and one with --spec-config (not started yet)."""
     if not args.spec_config:
         raise SystemExit("--engine vllm needs --spec-config JSON (e.g. from specdec advise --export vllm --json)")
     config = json.loads(args.spec_config)
@@ -90,8 +96,8 @@ def vllm_servers(args: argparse.Namespace, out: Path):
         config["model"] = str(converted_folder(REGISTRY[config["model"]]))
     folder = converted_folder(REGISTRY[args.model])
     extra = shlex.split(args.server_args)
-    yield VllmServer(folder, threads=args.threads, args=extra, log=out / "server-plain.log")
-    yield VllmServer(folder, speculative=config, threads=args.threads, args=extra, log=out / "server-spec.log")
+    return [VllmServer(folder, threads=args.threads, args=extra, log=out / "server-plain.log"),
+            VllmServer(folder, speculative=config, threads=args.threads, args=extra, log=out / "server-spec.log")]
 
 
 if __name__ == "__main__":
