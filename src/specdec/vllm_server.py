@@ -76,7 +76,7 @@ class VllmServer:
             raise SpecdecError(f"vLLM is not installed in {venv()}: run bash scripts/setup_vllm.sh (about 3.4 GB)")
         model = Path(model)
         check_folder(model)
-        if speculative and speculative.get("model"):
+        if speculative and speculative.get("method") == "draft_model":
             check_folder(Path(speculative["model"]))
         self.port = free_port()
         # The API server's module, not the `vllm` command: that one asks for the version of a
@@ -86,8 +86,10 @@ class VllmServer:
                         "--max-model-len", str(max_model_len), "--max-num-seqs", str(MAX_SEQS), *(args or [])]
         if speculative:
             self.command += ["--speculative-config", json.dumps(speculative)]
-        self.server = ServerProcess("vLLM", self.command, "/health", START_TIMEOUT_S,
-                                    env=environment(threads, kv_cache_gib), log=log)
+        env = environment(threads, kv_cache_gib)
+        if speculative and str(speculative.get("model", "")).startswith("specdec."):
+            env["PYTHONPATH"] = str(Path(__file__).parent.parent)  # specdec's proposer, in vLLM's worker
+        self.server = ServerProcess("vLLM", self.command, "/health", START_TIMEOUT_S, env=env, log=log)
 
     @property
     def url(self) -> str:
