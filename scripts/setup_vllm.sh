@@ -64,4 +64,4 @@ iomp=$("$venv/bin/python" -c "import sys, pathlib; print(next(pathlib.Path(sys.p
 tcmalloc=$(ldconfig -p | awk '/libtcmalloc_minimal.so.4 /{print $NF; exit}')
 LD_PRELOAD="$tcmalloc:$iomp" "$venv/bin/python" -c "import vllm; print('[setup-vllm] vllm', vllm.__version__)"
 date -u +%FT%TZ >"$marker"
-step "vLLM ready: $venv/bin/vllm"
+step "vLLM ready in $venv (specdec.vllm_server starts its API server module)"
