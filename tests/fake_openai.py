@@ -35,9 +35,13 @@ class FakeServer:
     completions succeed before the mode applies ("ok" until then)."""
 
     def __init__(self, mode: str = "ok", fail_after: int = 0, hang_s: float = 5.0, vllm_metrics: bool = True,
-                 port: int = 0, part_at: int | None = None):
-        """`part_at`: from that new token on, every token is one higher (another server's output)."""
+                 port: int = 0, part_at: int | None = None, takes_ids: bool = True, takes_text: bool = True):
+        """`part_at`: from that new token on, every token is one higher (another server's output);
+        `takes_ids` False: a prompt of token ids is refused (HTTP 500 with a validation error, as
+        llama-cpp-python's server does); `takes_text` False: the same for a prompt of text."""
         self.mode, self.fail_after, self.hang_s, self.vllm_metrics = mode, fail_after, hang_s, vllm_metrics
+        self.takes_ids, self.takes_text = takes_ids, takes_text
+        self.prompts: list = []  # each streamed completion's prompt, as received
         self.part_at = part_at
         self.completions = 0
         self.counters = {"drafts": 0, "draft_tokens": 0, "accepted": 0, "per_position": [0, 0, 0]}
@@ -108,13 +112,20 @@ def _handler(server: FakeServer):
 
         def do_POST(self) -> None:
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            refused = {list: not server.takes_ids, str: not server.takes_text}.get(type(body.get("prompt")), False)
+            if refused:
+                return self._send(500, "application/json", b'{"error": {"message": "Input should be a valid string"}}')
+            if not body.get("stream"):  # the probe's one-token request: answered, not counted
+                return self._send(200, "application/json", json.dumps({"choices": [{"text": "x"}]}).encode())
             mode = server.current_mode()
             if mode == "html":
                 return self._send(200, "text/html", b"<html>no API here</html>")
             if mode == "hang":
                 time.sleep(server.hang_s)
             chat = self.path == "/v1/chat/completions"
-            prompt = body.get("prompt") if not chat else [ord(c) for c in body["messages"][0]["content"][:8]]
+            prompt = body["messages"][0]["content"] if chat else body["prompt"]
+            server.prompts.append(prompt)
+            prompt = [ord(c) for c in prompt[:8]] if isinstance(prompt, str) else prompt
             ids = completion_ids(prompt, body["max_tokens"])
             if server.part_at is not None:
                 ids = ids[: server.part_at] + [t + 1 for t in ids[server.part_at:]]

@@ -21,7 +21,7 @@ from specdec.errors import SpecdecError
 from specdec.external.endpoints.metrics import SpecCounters, has_spec_counters, parse_counters
 from specdec.external.endpoints.spec import parse_endpoint
 from specdec.external.endpoints.stream import Request, Streamed, complete
-from specdec.external.llama_server import free_port
+from specdec.external.server_process import free_port
 from specdec.methods.spec import parse
 from specdec.models import load as models
 from specdec.tune.advice import Advice
@@ -247,7 +247,9 @@ def test_bench_endpoints_with_vllm_counters_and_concurrency(tmp_path, tiny_token
     assert spec_summary["acceptance_rate"] == pytest.approx(4 / 9)  # (3 + 1) accepted of 9 per 3 drafts
     config = json.loads((tmp_path / "run" / "config.json").read_text())
     assert config["baseline"] == "endpoint:name=plain" and config["concurrency"] == 2
-    assert config["endpoints"]["spec"] == {"api": "completions", "model": "fake", "vllm_metrics": True}
+    assert config["endpoints"]["spec"] == {"api": "completions", "model": "fake", "vllm_metrics": True,
+                                           "prompt_form": "ids"}
+    assert all(r["prompt_form"] == "ids" for r in rows)
     assert config["environment"]["endpoint_urls"]["spec"] == f"{spec.url}/v1/completions"
 
 
@@ -295,3 +297,39 @@ def test_bench_refuses_a_server_that_is_down_or_not_openai_before_any_row(tmp_pa
 def test_bench_endpoint_arguments_are_checked(tmp_path, tiny_tokenizer, prompts_file, capsys, extra, message):
     assert bench(tmp_path / "run", "s=http://127.0.0.1:9", extra=extra) == 2
     assert message in capsys.readouterr().err
+
+
+def test_a_server_that_refuses_token_ids_gets_the_prompts_text(tmp_path, tiny_tokenizer, prompts_file):
+    """The probe finds that `text` refuses ids (as llama-cpp-python's server does): its prompts
+    go as the ids' own text, each row says so, and so does the report; `ids` still gets ids."""
+    with FakeServer(takes_ids=False) as text, FakeServer() as ids:
+        assert bench(tmp_path / "run", f"ids={ids.url}", f"text={text.url}", extra=("--baseline", "ids")) == 0
+    rows = read_rows(tmp_path / "run")
+    forms = {r["method"]: r["prompt_form"] for r in rows}
+    assert forms == {"endpoint:name=ids": "ids", "endpoint:name=text": "text"}
+    tokenizer = word_tokenizer(64)
+    texts = [json.loads(line)["prompt"] for line in prompts_file.read_text().splitlines()]
+    rendered = [tokenizer.decode(tokenizer(t)["input_ids"]) for t in texts]
+    assert all(isinstance(p, str) for p in text.prompts) and set(text.prompts) == set(rendered)
+    assert all(isinstance(p, list) for p in ids.prompts)
+    report = (tmp_path / "run" / "report.md").read_text()
+    assert "endpoint **text**: model fake, prompts sent as text" in report
+    assert "endpoint **ids**: model fake, prompts sent as token ids" in report
+
+
+def test_check_sends_text_to_a_server_that_refuses_token_ids(tiny_tokenizer, capsys):
+    with FakeServer(takes_ids=False) as text, FakeServer() as ids:
+        code = main(["check", "--endpoint", f"text={text.url}", "--reference", f"ids={ids.url}", "--target", "tiny",
+                     "--tokens", "4", "--prompts", "2", "--json"])
+    result = json.loads(capsys.readouterr().out)
+    assert len(result["prompts"]) == 2 and code == (0 if result["passed"] else 1)
+    assert len(text.prompts) == 2 and all(isinstance(p, str) for p in text.prompts)
+    assert len(ids.prompts) == 2 and all(isinstance(p, list) for p in ids.prompts)
+
+
+def test_a_server_that_refuses_ids_and_text_alike_is_a_one_line_error(tmp_path, tiny_tokenizer, prompts_file, capsys):
+    with FakeServer(takes_ids=False, takes_text=False) as server:
+        assert bench(tmp_path / "run", f"s={server.url}") == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "endpoint s:" in err and "refused a one-token completion: HTTP 500" in err
+    assert not (tmp_path / "run").exists()

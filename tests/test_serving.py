@@ -9,6 +9,7 @@ HumanEval/0-9) and its output can part from the plain server's (HumanEval/0 at 1
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import replace
 
 import httpx
@@ -18,6 +19,7 @@ from test_endpoints import ADVICE
 from specdec.bench.store import read_rows
 from specdec.cli import main
 from specdec.external.llama_server import LlamaServer
+from specdec.external.server_process import ServerProcess, free_port
 from specdec.models.load import load_tokenizer
 from specdec.models.registry import gguf_file
 from specdec.tune.advice import Advice, Choice
@@ -119,3 +121,29 @@ def test_concurrent_streams_on_a_server_with_two_slots(gguf, servers, tmp_path):
     assert len(rows) == 8 and all(r["concurrency"] == 2 for r in rows)
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())["overall"]["methods"]
     assert summary["endpoint:name=two"]["greedy_equal"]["prompts_compared"] == 4
+
+
+def test_llama_cpp_pythons_server_takes_no_token_ids_and_gets_the_prompts_text(gguf, servers, tmp_path):
+    """llama-cpp-python's server refuses a prompt of token ids (its request type takes strings
+    only): the probe finds it, its rows say `prompt_form: text`, and they still decode."""
+    port = free_port()
+    command = [sys.executable, "-m", "llama_cpp.server", "--model", str(gguf), "--host", "127.0.0.1",
+               "--port", str(port), "--n_threads", "2", "--n_ctx", "2048"]
+    server = ServerProcess("llama_cpp.server", command, "/v1/models", 120, log=tmp_path / "py.log")
+    server.start(f"http://127.0.0.1:{port}")
+    try:
+        refused = httpx.post(f"http://127.0.0.1:{port}/v1/completions", json={"prompt": [1, 2], "max_tokens": 1},
+                             timeout=30)  # what the probe meets
+        assert refused.status_code != 200 and "valid string" in refused.text
+        assert main(["bench", "--dataset", "humaneval", "--limit", "2", "--max-new-tokens", "24", "--target", MODEL,
+                     "--endpoint", servers["plain"], "--endpoint", f"py=http://127.0.0.1:{port}/v1/completions",
+                     "--baseline", "plain", "--out", str(tmp_path / "run"), "--no-progress"]) == 0
+    finally:
+        server.stop()
+    rows = read_rows(tmp_path / "run")
+    forms = {(r["method"], r["prompt_form"]) for r in rows}
+    assert forms == {("endpoint:name=plain", "ids"), ("endpoint:name=py", "text")}
+    assert all(r["n_new"] >= 1 and r["tokens_per_s"] > 0 for r in rows)
+    config = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert config["endpoints"]["py"]["prompt_form"] == "text"
+    assert "endpoint **py**: model" in (tmp_path / "run" / "report.md").read_text()

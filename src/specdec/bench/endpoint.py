@@ -49,9 +49,12 @@ class EndpointExecutor:
     """Runs `endpoint:name=NAME` methods against the endpoints of those names."""
 
     def __init__(self, endpoints: list[Endpoint], settings: EndpointSettings, texts: dict[tuple[int, ...], str]):
-        """`texts` maps a prompt's ids to its text, for chat endpoints (the runner hands out ids)."""
+        """`texts` maps a prompt's ids to its text, for chat endpoints (the runner hands out ids);
+        `rendered` maps them to their own text (chat template applied), for a completions
+        endpoint that takes no ids."""
         self.endpoints = {e.name: e for e in endpoints}
         self.settings, self.texts = settings, texts
+        self.rendered: dict[tuple[int, ...], str] = {}
         self.client = httpx.Client(timeout=httpx.Timeout(settings.timeout_s))
         self.served: dict[str, Served] = {}
 
@@ -60,8 +63,8 @@ class EndpointExecutor:
         returns what each serves, for the run's config (the URLs go to its environment: a
         server restarted on another port may continue a run, store.VOLATILE)."""
         self.served = {name: probe(e, self.client) for name, e in self.endpoints.items()}
-        return {name: {"api": e.api, "model": self.served[name].model, "vllm_metrics": self.served[name].vllm_metrics}
-                for name, e in self.endpoints.items()}
+        return {name: {"api": e.api, "model": self.served[name].model, "vllm_metrics": self.served[name].vllm_metrics,
+                       "prompt_form": self.served[name].prompt_form} for name, e in self.endpoints.items()}
 
     def urls(self) -> dict[str, str]:
         return {name: e.url for name, e in self.endpoints.items()}
@@ -83,7 +86,7 @@ class EndpointExecutor:
         else:
             with ThreadPoolExecutor(max_workers=len(prompts)) as pool:
                 streams = list(pool.map(one, prompts))
-        rows = [endpoint_row(s, len(prompts)) for s in streams]
+        rows = [endpoint_row(s, len(prompts), self.served[method.name].prompt_form) for s in streams]
         if counters:
             rows[0].served.update(counters().minus(before).row_fields())
         return rows
@@ -93,10 +96,10 @@ class EndpointExecutor:
 
     def complete(self, method: Method, prompt_ids: list[int], max_tokens: int, top_logprobs: int | None = None) \
             -> Streamed:
-        endpoint = self.endpoints[method.name]
-        request = Request(max_tokens, prompt_ids=prompt_ids, message=self.texts.get(tuple(prompt_ids)),
-                          top_logprobs=top_logprobs or self.settings.top_logprobs)
-        return complete(self.client, endpoint, self.served[method.name].model, request)
+        endpoint, served, key = self.endpoints[method.name], self.served[method.name], tuple(prompt_ids)
+        request = Request(max_tokens, prompt_ids=prompt_ids, message=self.texts.get(key),
+                          prompt_text=self.rendered.get(key), top_logprobs=top_logprobs or self.settings.top_logprobs)
+        return complete(self.client, endpoint, served.model, request, served.prompt_form)
 
     def _counters(self, method: Method) -> Callable[[], SpecCounters] | None:
         endpoint = self.endpoints[method.name]
@@ -136,11 +139,12 @@ def explain_endpoint_differences(out: Path, executor: EndpointExecutor, prompt_i
     return known
 
 
-def endpoint_row(s: Streamed, concurrency: int) -> Measured:
-    """The measurements of one endpoint row (the server's memory is not this process's to measure)."""
+def endpoint_row(s: Streamed, concurrency: int, prompt_form: str) -> Measured:
+    """The measurements of one endpoint row; `prompt_form`: how its prompt was sent (the
+    server's memory is not this process's to measure)."""
     timings = s.timings or {}
     drafted = "draft_n" in timings
-    served = {"text": s.text, "ttft_s": s.ttft_s, "concurrency": concurrency,
+    served = {"text": s.text, "ttft_s": s.ttft_s, "concurrency": concurrency, "prompt_form": prompt_form,
               "accept_source": "llama.cpp timings" if drafted else None, "server_timings": s.timings}
     return Measured(s.ids, s.n_tokens, s.finish_reason, s.ttft_s, s.decode_s, s.decode_tokens,
                     {"prefill": s.ttft_s, "decode": s.decode_s}, proposed=timings.get("draft_n"),
@@ -159,8 +163,8 @@ class Routed:
     def warm_up(self, method: Method, prompt_ids: list[int]) -> None:
         self._for(method).warm_up(method, prompt_ids)
 
-    def run(self, method: Method, prompt_ids: list[int], repeat: int) -> dict:
+    def run(self, method: Method, prompt_ids: list[int], repeat: int) -> Measured:
         return self._for(method).run(method, prompt_ids, repeat)
 
-    def run_wave(self, method: Method, prompts: list[list[int]]) -> list[dict]:
+    def run_wave(self, method: Method, prompts: list[list[int]]) -> list[Measured]:
         return self.endpoints.run_wave(method, prompts)

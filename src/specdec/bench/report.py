@@ -93,7 +93,19 @@ def _header(config: dict) -> list[str]:
         f"- up to {config['max_new_tokens']} new tokens, {sampling}, {config['repeats']} repeat(s), "
         f"methods interleaved per prompt after one warm-up generation each",
         f"- peak memory: {config['memory']['meaning']}",
+        *_endpoints(config),
     ]
+
+
+PROMPT_FORMS = {"ids": "token ids", "text": "text (the server takes no token ids: the ids' own text, template "
+                "included, which the server tokenizes itself)", "message": "a chat message (the server's template)"}
+
+
+def _endpoints(config: dict) -> list[str]:
+    """Each endpoint's model and the form its prompts were sent in (a run from before the probe asked: ids)."""
+    return [f"- endpoint **{name}**: model {e['model']}, prompts sent as {PROMPT_FORMS[e.get('prompt_form', 'ids')]}"
+            + ("; acceptance from vLLM's /metrics" if e["vllm_metrics"] else "")
+            for name, e in config.get("endpoints", {}).items()]
 
 
 def _provenance(env: dict) -> list[str]:

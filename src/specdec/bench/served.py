@@ -1,5 +1,5 @@
 """Acceptance as a server reports it, for the summary: llama.cpp's `timings` per request, or the
-differences of vLLM's /metrics counters (specdec.endpoints.metrics). Reads only rows."""
+differences of vLLM's /metrics counters (specdec.external.endpoints.metrics). Reads only rows."""
 
 from __future__ import annotations
 

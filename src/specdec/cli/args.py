@@ -1,10 +1,10 @@
 """Arguments every command shares, and how they become method specs and loaded models.
 
 The flags -k, --max-ngram, --tree-width, --min-confidence, --pay-rule, --draft-quant (and its
-older spelling --draft-int8) and --draft-vocab are shorthands for options of a method spec (specdec.method): they fold into the
+older spelling --draft-int8) and --draft-vocab are shorthands for options of a method spec (specdec.methods.spec): they fold into the
 spec that --proposer (generate, check) or --methods (bench, sweep) names, and a flag that no
 method takes, or that contradicts the spec, is a one-line error. --target-quant and --quant-group say how the target is loaded
-(specdec.quant.cache) and are recorded in every config (machine.environment's "quant").
+(specdec.models.quant_cache) and are recorded in every config (machine.environment's "quant").
 """
 
 from __future__ import annotations
@@ -127,7 +127,7 @@ def method_of(args: argparse.Namespace) -> Method:
 
 
 def setup_of(args: argparse.Namespace, vocab: int | None):
-    """What saved advice is keyed by, for these arguments (specdec.advice.Setup)."""
+    """What saved advice is keyed by, for these arguments (specdec.tune.advice.Setup)."""
     from ..tune.advice import Setup
 
     quant = quant_record(args)["target"]

@@ -126,6 +126,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     encoded = [EncodedPrompt(p, encode_prompt(tokenizer, p.text, raw=args.raw)) for p in prompts]
     if remote:
         remote.texts.update({tuple(e.ids): e.prompt.text for e in encoded})
+        remote.rendered.update({tuple(e.ids): tokenizer.decode(e.ids) for e in encoded})
     try:
         run_bench(out, config, encoded, methods, args.repeats, Routed(executor, remote),
                   progress=not args.no_progress, concurrency=args.concurrency)

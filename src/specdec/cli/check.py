@@ -1,4 +1,4 @@
-"""`specdec check`: prove losslessness of speculation on a model pair (specdec.check)."""
+"""`specdec check`: prove losslessness of speculation on a model pair (specdec.conform.check)."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--tolerance", type=float, default=None, metavar="GAP",
                    help="with --endpoint: a difference where the reference's two best tokens are less than GAP "
                         "apart (log-probabilities) is a near-tie, not a failure (default: "
-                        "specdec.endpoint_check.DEFAULT_TOLERANCE)")
+                        "specdec.conform.endpoints.DEFAULT_TOLERANCE)")
     c.add_argument("--endpoint-timeout", type=float, default=300.0, metavar="S",
                    help="seconds an endpoint may stay silent")
     c.set_defaults(func=cmd_check)
@@ -87,7 +87,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_check_endpoint(args: argparse.Namespace) -> int:
-    """`check --endpoint A --reference B`: greedy equality of two servers (specdec.endpoint_check)."""
+    """`check --endpoint A --reference B`: greedy equality of two servers (specdec.conform.endpoints)."""
     import httpx
     from tqdm import tqdm
 
@@ -104,7 +104,9 @@ def cmd_check_endpoint(args: argparse.Namespace) -> int:
     texts = list(GREEDY_PROMPTS[: args.greedy_prompts])
     needs_ids = COMPLETIONS in (candidate.api, reference.api)
     tokenizer = load_tokenizer(args.target, args.trust_remote_code) if needs_ids else None
-    prompts = [(encode_prompt(tokenizer, t, raw=args.raw) if tokenizer else None, t) for t in texts]
+    encoded = [encode_prompt(tokenizer, t, raw=args.raw) if tokenizer else None for t in texts]
+    # each prompt's ids as text too, for a completions server that takes no ids
+    prompts = [(ids, t, tokenizer.decode(ids) if ids else None) for ids, t in zip(encoded, texts)]
     start = time.perf_counter()
     with httpx.Client(timeout=httpx.Timeout(args.endpoint_timeout)) as client, \
             tqdm(total=len(prompts), desc="prompts", file=sys.stderr) as bar:

@@ -3,8 +3,8 @@
 Engines: `llamacpp` (llama.cpp on the target's own GGUF, logits of every position) and specdec's
 target as loaded by `--target-quant`: `none` (the dequantized weights in --dtype), `int8`,
 `int4`. Each scores the leading --tokens tokens of Spec-Bench's news articles with the sliding
-windows of specdec.llamacpp.windows (window --window, a new one every --stride), NLL in float64
-(specdec.llamacpp.nll / transformers_nll). One JSON line per engine, then a table with each
+windows of specdec.external.llamacpp.windows (window --window, a new one every --stride), NLL in float64
+(specdec.external.llamacpp.nll / transformers_nll). One JSON line per engine, then a table with each
 engine's perplexity relative to the first one.
 """
 

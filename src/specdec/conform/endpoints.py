@@ -58,15 +58,16 @@ class PromptResult:
                 f"{self.candidate_text!r}), {gap}: {self.kind}")
 
 
-def run_check(client: httpx.Client, candidate: Endpoint, reference: Endpoint, prompts: list[tuple[list[int], str]],
-              tokens: int, tolerance: float, progress=lambda: None) -> list[PromptResult]:
-    """Both endpoints on every (ids, text) prompt; one result each."""
-    models = {e.name: probe(e, client).model for e in (candidate, reference)}
+def run_check(client: httpx.Client, candidate: Endpoint, reference: Endpoint,
+              prompts: list[tuple[list[int] | None, str, str | None]], tokens: int, tolerance: float,
+              progress=lambda: None) -> list[PromptResult]:
+    """Both endpoints on every (ids, message, ids as text) prompt; one result each."""
+    served = {e.name: probe(e, client) for e in (candidate, reference)}
+    ask = lambda e, request: complete(client, e, served[e.name].model, request, served[e.name].prompt_form)
     results = []
-    for i, (ids, text) in enumerate(prompts):
-        request = Request(tokens, prompt_ids=ids, message=text, top_logprobs=TOP_LOGPROBS)
-        ref = complete(client, reference, models[reference.name], request)
-        got = complete(client, candidate, models[candidate.name], request)
+    for i, (ids, text, rendered) in enumerate(prompts):
+        request = Request(tokens, prompt_ids=ids, message=text, prompt_text=rendered, top_logprobs=TOP_LOGPROBS)
+        ref, got = ask(reference, request), ask(candidate, request)
         results.append(compare(i, ref, got, tolerance))
         progress()
     return results

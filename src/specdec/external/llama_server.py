@@ -9,15 +9,11 @@ tests and docs/serving.md measure, with and without draft-model speculation.
 from __future__ import annotations
 
 import os
-import socket
-import subprocess
-import time
 from pathlib import Path
-
-import httpx
 
 from ..errors import SpecdecError
 from ..files import cache_root
+from .server_process import ServerProcess, free_port
 
 START_TIMEOUT_S = 120.0
 
@@ -32,12 +28,6 @@ def binary() -> Path:
     return built[-1]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class LlamaServer:
     """A llama-server process on 127.0.0.1; `args` are passed on (e.g. ["--metrics"])."""
 
@@ -50,45 +40,18 @@ class LlamaServer:
         if draft is not None:
             # --spec-type: this llama.cpp speculates only when told which kind (its default is none)
             self.command += ["--model-draft", str(draft), "--spec-type", "draft-simple", "--spec-draft-threads", str(threads)]
-        self.log = log
-        self.process: subprocess.Popen | None = None
+        self.server = ServerProcess("llama-server", self.command, "/health", START_TIMEOUT_S, log=log)
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
     def __enter__(self) -> LlamaServer:
-        out = self.log.open("wb") if self.log else subprocess.DEVNULL
-        self.process = subprocess.Popen(self.command, stdout=out, stderr=subprocess.STDOUT)
-        try:
-            self._wait_ready()
-        except BaseException:
-            self.stop()
-            raise
+        self.server.start(self.url)  # /health answers 200 once the models are loaded
         return self
 
     def __exit__(self, *exc) -> None:
         self.stop()
 
     def stop(self) -> None:
-        if self.process and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-
-    def _wait_ready(self) -> None:
-        """Until /health answers 200 (the models are loaded), the process dies, or the time is up."""
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise SpecdecError(f"llama-server exited with {self.process.returncode} at start: {' '.join(self.command)}")
-            try:
-                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        raise SpecdecError(f"llama-server was not ready after {START_TIMEOUT_S:.0f} s: {' '.join(self.command)}")
+        self.server.stop()

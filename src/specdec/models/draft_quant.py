@@ -7,7 +7,7 @@ the draft only proposes, the target decides.
   in bf16, one decode step, interleaved (AMD Zen 5, docs/quant.md): Q8 14.4 ms, dynamic int8
   17.2 ms, Q4 10.9 ms. specdec's AVX2 path was not measured against fbgemm on an AVX2 CPU.
 - int4: specdec.quant's Q4 layers (a registry draft from its own GGUF, cached:
-  specdec.quant.cache), the same layers an int4 target runs.
+  specdec.models.quant_cache), the same layers an int4 target runs.
 """
 
 from __future__ import annotations

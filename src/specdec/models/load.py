@@ -1,4 +1,4 @@
-"""Loading target and draft models: registry names (specdec.registry) or local HF folders."""
+"""Loading target and draft models: registry names (specdec.models.registry) or local HF folders."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ def load_model(
     quant: str = "none", group: int = 32,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """A causal LM in eval mode on `device` in `dtype` ("auto": see resolve_dtype), and its tokenizer.
-    `quant` "int8" or "int4": its linear layers quantized, Q8 or Q4 (specdec.quant.cache: a
+    `quant` "int8" or "int4": its linear layers quantized, Q8 or Q4 (specdec.models.quant_cache: a
     registry model from its GGUF, converted once into the model cache; a folder rounded, int4 in
     groups of `group` inputs); norms and attention stay in `dtype`, and the quantized layers read
     and write it (their activations are quantized to int8 inside the kernels)."""

@@ -9,7 +9,7 @@ into place when complete; the marker records the source GGUF's sha256, the mode,
 the format version, and the weights file's size, so a folder from another source, version or a
 half-written file is never used (it is converted again). The cached weights are a function of
 (model, mode, group) alone: they are made from a freshly loaded dense copy of the model, not
-from the model in hand (whose output layer may be restricted, specdec.draft_head).
+from the model in hand (whose output layer may be restricted, specdec.models.draft_head).
 
 A local Hugging Face folder is quantized from its dense weights by rounding (int8 per output
 row, int4 per group) at every load: that takes seconds, and hashing its weights to key a cache

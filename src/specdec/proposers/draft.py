@@ -36,7 +36,7 @@ class DraftModel:
             raise SpecdecError(f"k must be >= 1, got {k}")
         self.k, self.policy = k, policy or Policy()
         self.lm = CausalLM(model, invariant=False) if isinstance(model, PreTrainedModel) else model
-        # A head restricted to some token ids (specdec.draft_head) scores only those; their
+        # A head restricted to some token ids (specdec.models.draft_head) scores only those; their
         # logits are spread back over the full vocabulary, the rest at -inf (q = 0 there).
         self._head_ids = self.lm.head_ids
         # ids the draft can score: read once here, not per sequence (a host read on CUDA)

@@ -1,4 +1,4 @@
-"""NativeLM: the engine's model interface (what specdec.lm.CausalLM offers it) on the native
+"""NativeLM: the engine's model interface (what specdec.decode.lm.CausalLM offers it) on the native
 decoder. Every row is computed from itself and the cache slots it sees (kernels/decoder.cpp),
 so any forward, prefill included, gives each row the bits of that row decoded alone."""
 

@@ -44,7 +44,7 @@ def load_registry(name: str, mode: str = "int4", capacity: int = CAPACITY,
                   head_ids: torch.Tensor | None = None) -> NativeLM:
     """A registry model from its GGUF in `mode` ("int4": Q4_K/Q4_1 exact, Q6_K exact as Q8,
     other types rounded; "int8": Q6_K exact, the rest rounded to Q8). `head_ids`: score only
-    these token ids (a restricted draft head, sorted; specdec.draft_head.frequent_tokens)."""
+    these token ids (a restricted draft head, sorted; specdec.models.draft_head.frequent_tokens)."""
     from ..models.registry import REGISTRY, converted_folder, gguf_file
 
     _check_mode(mode)

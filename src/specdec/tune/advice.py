@@ -6,7 +6,7 @@ advise also saves it in the cache folder (advice_dir), keyed by what the measure
 (`Setup`: models, dtype, device, processor and thread count); `choose` reads it there, or falls
 back to the device's measured default (DEFAULT_CHOICE) and says how to calibrate.
 
-Version 2 names every proposer by its method spec (specdec.method): the draft variants as
+Version 2 names every proposer by its method spec (specdec.methods.spec): the draft variants as
 "draft", "draft:quant=int8", the choice as a full spec ("draft:k=2:quant=int8", or "ar" where
 speculation does not pay). Files without a version (advise before the method grammar) are read
 through `_from_version_1`, so the committed reports in docs/advise stay usable.
@@ -127,7 +127,7 @@ class Advice:
                            f"(measured: {', '.join(self.c_draft) or 'none'}): run `specdec advise` with that draft")
 
     def pay_rule(self, method: Method) -> PayRule:
-        """The cost terms a method with pay=1 stops by (specdec.adaptive), up to its k."""
+        """The cost terms a method with pay=1 stops by (specdec.proposers.policy), up to its k."""
         c_draft = self.draft_cost(method)
         return PayRule.from_costs(Costs(self.c_target, c_draft, self.verify), c_draft, method.k)
 

@@ -112,7 +112,7 @@ def run_advise(target, drafts, families: list[Method], tokenizer, settings: Advi
                prompts: list[list[int]], progress: Callable[[str], None] = lambda _: None,
                saved: Advice | None = None) -> Advice:
     """Measure everything for the proposers `families` (methods without k; candidates()) and
-    return the advice. `drafts` (specdec.build.Drafts) holds the draft and its variants.
+    return the advice. `drafts` (specdec.methods.build.Drafts) holds the draft and its variants.
 
     With `saved` (the advice of a run elsewhere) the proposers' acceptance comes from it and only
     the costs are measured here: the models may then carry random weights, and `tokenizer` may

@@ -1,4 +1,4 @@
-"""An advice record (specdec.advice.Advice) as the practical answers, in plain text."""
+"""An advice record (specdec.tune.advice.Advice) as the practical answers, in plain text."""
 
 from __future__ import annotations
 

@@ -28,7 +28,7 @@ from .calibration import Calibration
 @dataclass(frozen=True)
 class SweepSettings:
     contexts: tuple[int, ...] = (2048, 4096, 8192)
-    methods: tuple[Method, ...] = ()  # draft and lookup methods (specdec.method)
+    methods: tuple[Method, ...] = ()  # draft and lookup methods (specdec.methods.spec)
     # Fields with a help text are `specdec sweep` options too (cli.args.add_settings), each >= 1.
     tokens: int = field(default=32, metadata={"help": "new tokens per generation (at least 2: the first comes "
                                                       "from the prefill)"})
@@ -50,7 +50,7 @@ def check_methods(methods: list[Method]) -> None:
 def sweep_context(target, drafts, tokenizer, n: int, settings: SweepSettings,
                   progress: Callable[[str], None] = lambda _: None) -> dict:
     """Everything measured at one context length, as a JSON-ready row. `drafts`
-    (specdec.build.Drafts, reuse_caches=True) holds one cache per draft variant, so each is
+    (specdec.methods.build.Drafts, reuse_caches=True) holds one cache per draft variant, so each is
     prefilled once and every method's generations reuse it."""
     import torch
 

@@ -18,6 +18,7 @@ COMPLETIONS = "completions"
 CHAT = "chat"
 _PATHS = {"/v1/completions": COMPLETIONS, "/v1/chat/completions": CHAT}
 PROBE_TIMEOUT_S = 10.0
+PROBE_TOKEN, PROBE_TEXT = 11, "Hello"  # a small id, in every vocabulary; a word
 
 
 @dataclass(frozen=True)
@@ -63,13 +64,19 @@ def parse_endpoints(texts: list[str]) -> list[Endpoint]:
     return endpoints
 
 
+IDS, TEXT, MESSAGE = "ids", "text", "message"  # how the prompt is sent (Served.prompt_form)
+
+
 @dataclass(frozen=True)
 class Served:
-    """What the probe found: the model id requests name, and whether /metrics has vLLM's
-    speculative-decoding counters (then they are read around each request)."""
+    """What the probe found: the model id requests name, whether /metrics has vLLM's
+    speculative-decoding counters (then they are read around each request), and the prompt's
+    form: token ids, the same prompt as text (chat template applied: for a completions server
+    that refuses ids, such as llama-cpp-python's), or a chat message."""
 
     model: str
     vllm_metrics: bool
+    prompt_form: str = IDS
 
 
 def probe(endpoint: Endpoint, client: httpx.Client) -> Served:
@@ -90,7 +97,32 @@ def probe(endpoint: Endpoint, client: httpx.Client) -> Served:
         vllm = metrics.status_code == 200 and has_spec_counters(metrics.text)
     except httpx.HTTPError:
         vllm = False  # /metrics is optional (llama-server serves it only with --metrics)
-    return Served(model, vllm)
+    form = MESSAGE if endpoint.api == CHAT else IDS if takes_ids(endpoint, client, model) else TEXT
+    return Served(model, vllm, form)
+
+
+def takes_ids(endpoint: Endpoint, client: httpx.Client, model: str) -> bool:
+    """Whether the completions endpoint takes a prompt of token ids: a one-token completion, not
+    streamed (within the client's timeout: a server's first completion can be slow), with ids,
+    and where that is refused the same with text. Servers refuse ids in their own ways
+    (llama-cpp-python's answers 500 with its request type's validation error), so a refusal
+    counts as "text only" when the text request succeeds, and is an error when it fails too."""
+    refused = _one_token(endpoint, client, model, [PROBE_TOKEN])
+    if refused is None:
+        return True
+    if _one_token(endpoint, client, model, PROBE_TEXT) is None:
+        return False
+    raise SpecdecError(f"endpoint {endpoint.name}: {endpoint.url} refused a one-token completion: {refused}")
+
+
+def _one_token(endpoint: Endpoint, client: httpx.Client, model: str, prompt: list[int] | str) -> str | None:
+    """None if the server completes `prompt` by one token, else what it answered."""
+    request = {"model": model, "prompt": prompt, "max_tokens": 1, "temperature": 0.0, "stream": False}
+    try:
+        reply = client.post(endpoint.url, json=request)
+    except httpx.HTTPError as e:
+        raise SpecdecError(f"endpoint {endpoint.name}: {describe(e, endpoint.url)}") from None
+    return None if reply.status_code == 200 else f"HTTP {reply.status_code}: {reply.text[:80]!r}"
 
 
 def get(client: httpx.Client, endpoint: Endpoint, url: str) -> httpx.Response:

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import httpx
 
 from ...errors import SpecdecError
-from .spec import CHAT, Endpoint, describe
+from .spec import CHAT, IDS, TEXT, Endpoint, describe
 
 Top = list[tuple[int | str, float]]  # one position's alternatives, best first: (id, or text where no id; logprob)
 FINISH = {"stop": "eos", "length": "length"}  # OpenAI's finish reasons as specdec's rows spell them
@@ -32,6 +32,7 @@ FINISH = {"stop": "eos", "length": "length"}  # OpenAI's finish reasons as specd
 class Request:
     max_tokens: int
     prompt_ids: list[int] | None = None  # /v1/completions
+    prompt_text: str | None = None  # the same prompt as text, for a completions server that takes no ids
     message: str | None = None  # /v1/chat/completions: one user message
     top_logprobs: int = 1  # alternatives per position; 0: no logprobs (text only)
 
@@ -88,23 +89,27 @@ class Streamed:
         return max(self.n_tokens - (self.chunk_tokens[0] if self.chunk_tokens else 0), 0)
 
 
-def body(request: Request, api: str, model: str) -> dict:
+def body(request: Request, api: str, model: str, form: str = IDS) -> dict:
+    """The request's JSON; `form` (the probe's Served.prompt_form) says whether a completions
+    prompt goes as ids or as text."""
     common = {"model": model, "max_tokens": request.max_tokens, "temperature": 0.0, "top_p": 1.0, "stream": True,
               "stream_options": {"include_usage": True}, "cache_prompt": False, "return_tokens_as_token_ids": True}
     if api == CHAT:
         logprobs = {"logprobs": True, "top_logprobs": request.top_logprobs} if request.top_logprobs else {}
         return {**common, "messages": [{"role": "user", "content": request.message}], **logprobs}
-    return {**common, "prompt": request.prompt_ids,
+    return {**common, "prompt": request.prompt_text if form == TEXT else request.prompt_ids,
             **({"logprobs": request.top_logprobs} if request.top_logprobs else {})}
 
 
-def complete(client: httpx.Client, endpoint: Endpoint, model: str, request: Request) -> Streamed:
+def complete(client: httpx.Client, endpoint: Endpoint, model: str, request: Request, form: str = IDS) -> Streamed:
     """Send one request and read its stream to the end; any failure is a one-line SpecdecError
     naming the endpoint."""
+    if form == TEXT and request.prompt_text is None:
+        raise SpecdecError(f"endpoint {endpoint.name} takes no token ids and this prompt has no text form")
     out = Streamed()
     sent = time.perf_counter()
     try:
-        with client.stream("POST", endpoint.url, json=body(request, endpoint.api, model)) as reply:
+        with client.stream("POST", endpoint.url, json=body(request, endpoint.api, model, form)) as reply:
             _check_reply(reply, endpoint)
             done = False
             for line in reply.iter_lines():
