@@ -357,17 +357,17 @@ def test_full_bench_on_tiny_models(tiny_pair, dataset, tmp_path, monkeypatch):
 
 
 def test_cat_option_runs_both_models_on_the_concatenating_cache(tiny_pair, dataset, tmp_path, monkeypatch):
-    import specdec.bench.execute as execute
+    import specdec.decode.lm as lm
     import specdec.methods.build as build
 
     layouts = []
 
-    class Recording(execute.CausalLM):
+    class Recording(lm.CausalLM):
         def __init__(self, model, preallocate=True, invariant=True):
             super().__init__(model, preallocate, invariant)
             layouts.append((preallocate, invariant))
 
-    monkeypatch.setattr(execute, "CausalLM", Recording)
+    monkeypatch.setattr(lm, "CausalLM", Recording)  # the target's, through lm.runtime_of
     monkeypatch.setattr(build, "CausalLM", Recording)
     out = tmp_path / "run"
     assert main([*bench_args(tiny_pair, dataset, out), "--methods", "draft:k=2:cat=1", "--limit", "1"]) == 0

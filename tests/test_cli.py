@@ -31,9 +31,9 @@ DRAFT_PATHS = (("draft",), ("draft", "--tree-width", "3"), ("draft", "--draft-vo
 def test_json_output_equals_plain_decoding(capsys, tiny_registry):
     runs = {}
     for proposer, *extra in (("none",), ("lookup",), *DRAFT_PATHS):
-        code, out, _ = run(capsys, *base_args(tiny_registry, "--json", "--proposer", proposer,
+        code, out, err = run(capsys, *base_args(tiny_registry, "--json", "--proposer", proposer,
                                                "--max-new-tokens", "24", *extra))
-        assert code == 0
+        assert code == 0, err
         runs[" ".join([proposer, *extra])] = json.loads(out)
     plain = runs["none"]["new_tokens"]
     assert len(plain) == 24

@@ -175,11 +175,10 @@ def load_drafts(args: argparse.Namespace, target, tokenizer, methods: list[Metho
     draft = draft_tokenizer = None
     if any(m.draft_variant not in native for m in drafting):
         draft, draft_tokenizer = load_model(args.draft, args.dtype, args.device, args.trust_remote_code)
+    # checked before the variants are made: a restricted head scores fewer ids by design
+    check_same_vocab(tokenizer, draft_tokenizer or load_tokenizer(args.draft, args.trust_remote_code), target, draft)
     drafts = Drafts(draft, tokenizer, reuse_caches, source=args.draft, group=args.quant_group, native=native)
     drafts.prepare(methods)
-    draft_tokenizer = draft_tokenizer or load_tokenizer(args.draft, args.trust_remote_code)
-    unrestricted = next((drafts.lm(m) for m in drafting if m.vocab is None and m.draft_variant in native), None)
-    check_same_vocab(tokenizer, draft_tokenizer, target, draft if draft is not None else unrestricted)
     return drafts
 
 

@@ -88,7 +88,7 @@ class VllmServer:
             self.command += ["--speculative-config", json.dumps(speculative)]
         env = environment(threads, kv_cache_gib)
         if speculative and str(speculative.get("model", "")).startswith("specdec."):
-            env["PYTHONPATH"] = str(Path(__file__).parent.parent)  # specdec's proposer, in vLLM's worker
+            env["PYTHONPATH"] = str(Path(__file__).parents[2])  # specdec's proposer, in vLLM's worker
         self.server = ServerProcess("vLLM", self.command, "/health", START_TIMEOUT_S, env=env, log=log)
 
     @property

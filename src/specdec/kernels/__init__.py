@@ -50,10 +50,11 @@ def _cpu_flags() -> str:
     return ""
 
 
-def library_path(march: str = "native", source: Path = SOURCE) -> Path:
+def library_path(march: str = "native", source: Path | None = None) -> Path:
     """Where the compiled kernels for this source, compiler, CPU and -march live (built if
     missing; another `march` than native builds an older instruction set's path, for tests).
     `source`: another C++ file of this folder that includes qgemm.cpp (runtime's decoder.cpp)."""
+    source = source or SOURCE  # read at the call: tests plant another source
     compiler = _compiler()
     flags = (*FLAGS, f"-march={march}")
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
