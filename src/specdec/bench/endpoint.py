@@ -33,8 +33,6 @@ from .agreement import DIFFERENCES, read_differences, row_key
 from .execute import WARMUP_TOKENS
 from .equality import same_output
 
-Prompt = tuple[list[int], str]  # (ids for /v1/completions, text for /v1/chat/completions)
-
 
 @dataclass(frozen=True)
 class EndpointSettings:
