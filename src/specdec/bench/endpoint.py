@@ -35,8 +35,6 @@ from .execute import WARMUP_TOKENS
 from .row import Measured
 from .store import read_rows
 
-Prompt = tuple[list[int], str]  # (ids for /v1/completions, text for /v1/chat/completions)
-
 
 @dataclass(frozen=True)
 class EndpointSettings:
