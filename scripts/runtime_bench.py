@@ -122,7 +122,7 @@ def main() -> None:
     weights = target.decoder.weights
     report["target_forms"] = sorted(set(weights.forms.values()))
     if "target" in args.parts:
-        today = CausalLM(load_model(TARGET, "bfloat16", quant="int4"))
+        today = CausalLM(load_model(TARGET, "bfloat16", quant="int4")[0])
         ms = paired_steps({"native": target, "today_bf16": today}, prompt)
         context = prompt.numel() + 48
         kv = weights.config.layers * context * weights.config.kv_heads * weights.config.head_dim * 2 * 4
