@@ -212,3 +212,100 @@ def test_the_cli_runs_target_and_draft_on_the_native_runtime_and_speculation_is_
         assert "on the native runtime (int4" in captured.err
         outs.append(json.loads(captured.out)["new_tokens"])
     assert outs[1] == outs[0] and outs[2] == outs[0]
+
+
+# --- real weights -------------------------------------------------------------------------------
+
+SMOLLM, QWEN_TARGET, QWEN_DRAFT = "smollm2-135m-instruct", "qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct"
+
+
+@pytest.fixture(scope="module")
+def natives():
+    """Registry models on the native runtime, loaded once per (name, mode, head)."""
+    from specdec.runtime import load_registry
+
+    loaded = {}
+
+    def get(name: str, mode: str = "int4", head: int | None = None):
+        if (name, mode, head) not in loaded:
+            ids = None
+            if head is not None:
+                from specdec.models.draft_head import bundled_text_tokens, frequent_tokens
+                from specdec.models.load import load_tokenizer
+
+                tokenizer = load_tokenizer(name)
+                ids = frequent_tokens(bundled_text_tokens(tokenizer), head, len(tokenizer), tokenizer.all_special_ids)
+            loaded[name, mode, head] = load_registry(name, mode, head_ids=ids)
+        return loaded[name, mode, head]
+
+    return get
+
+
+def code_prompts(name: str, count: int) -> list[torch.Tensor]:
+    from specdec.models.load import load_tokenizer
+    from specdec.prompts.chat import encode_prompt
+    from specdec.prompts.datasets import dataset_path, read_prompts
+
+    tokenizer = load_tokenizer(name)
+    return [torch.tensor(encode_prompt(tokenizer, p.text)) for p in read_prompts(dataset_path("humaneval"))[:count]]
+
+
+@pytest.mark.real
+@pytest.mark.parametrize("name", [SMOLLM, QWEN_DRAFT])
+def test_real_logits_match_transformers_on_the_same_weights(natives, name):
+    """transformers' float32 forward of the converted folder with every weight replaced by the
+    runtime's (the Q4/Q8 layers installed on the same kernels, the float32 embedding, norms and
+    biases read from the GGUF): the same arithmetic but for float order outside the kernels.
+    That order still moves int8 activations by a step now and then, and 30 layers amplify it:
+    transformers' own logits for the same tokens differ by up to 0.87 (SmolLM2, of a range of
+    43) between a forward of 40 and of 64 rows. So the bound is 4x that floor, measured here the
+    same way, and the same greedy token at nearly every position (measured: SmolLM2 2.1 against
+    a floor of 0.87, argmax equal at 64/64). SmolLM2 (Llama) checks the q/k row order too."""
+    from transformers import AutoModelForCausalLM
+
+    from specdec.models.registry import REGISTRY, converted_folder, gguf_file
+    from specdec.runtime.source import read_gguf
+
+    lm = natives(name)
+    folder = converted_folder(REGISTRY[name])
+    reference = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    source = read_gguf(gguf_file(name), decoder_config(reference.config), "int4")
+    with torch.no_grad():
+        params = dict(reference.named_parameters())
+        for key, value in source.dense.items():
+            params[key].copy_(value)
+    install(reference, source.linears, {"mode": "int4"})
+    tokens = code_prompts(name, 1)[0][:64]
+    with torch.no_grad():
+        expected = reference(tokens[None]).logits[0].float()
+        floor = (reference(tokens[None, :40]).logits[0].float() - expected[:40]).abs().max()
+    lm.reset()
+    got = lm.forward(tokens)
+    assert (got - expected).abs().max() <= 4 * floor
+    assert (got.argmax(-1) == expected.argmax(-1)).float().mean() >= 0.95
+
+
+def _greedy_equal(target, drafters: dict, prompts: list[torch.Tensor], new: int) -> None:
+    for prompt in prompts:
+        plain = generate(target, prompt, max_new_tokens=new, eos_token_id=[], check=True).new_tokens
+        for label, make in drafters.items():
+            result = generate(target, prompt, drafter=make(), max_new_tokens=new, eos_token_id=[], check=True)
+            assert result.new_tokens == plain, label
+            assert result.stats.accepted > 0, label
+
+
+@pytest.mark.real
+def test_real_greedy_speculative_equals_plain_smollm2(natives):
+    target, draft = natives(SMOLLM), natives(SMOLLM, "int8")
+    _greedy_equal(target, {"lookup": lambda: PromptLookup(k=4), "draft:int8": lambda: DraftModel(draft, k=3),
+                           "tree": lambda: TreeDraft(DraftModel(draft, k=3), width=2)},
+                  code_prompts(SMOLLM, 2), 48)
+
+
+@pytest.mark.real
+def test_real_greedy_speculative_equals_plain_qwen_pair(natives):
+    """The int4 1.5B target with the int4 0.5B draft (full head and 32768 ids) and lookup."""
+    target, full, small = natives(QWEN_TARGET), natives(QWEN_DRAFT), natives(QWEN_DRAFT, head=32768)
+    _greedy_equal(target, {"lookup": lambda: PromptLookup(k=4), "draft": lambda: DraftModel(full, k=3),
+                           "draft:vocab=32768": lambda: DraftModel(small, k=3)},
+                  code_prompts(QWEN_TARGET, 2), 64)

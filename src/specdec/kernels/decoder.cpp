@@ -15,6 +15,8 @@
 // [capacity][kv_heads * head_dim] per layer, a slot per cached position.
 #include "qgemm.cpp"
 
+#include <chrono>
+
 // One quantized linear weight in the kernels' tile layout (kernels.Packed), N outputs, K inputs.
 struct SdWeight {
     int32_t bits, zero;
@@ -184,6 +186,20 @@ void add(float* x, const float* y, int64_t count) {
     for (int64_t i = 0; i < count; ++i) x[i] = x[i] + y[i];
 }
 
+// Seconds spent per stage since the last read (sd_decoder_timings), for profiles of a step:
+// a clock read per stage and layer, about 20 ns each.
+enum Stage { kNorm, kQkv, kRope, kAttention, kO, kGateUp, kSilu, kDown, kHead, kStages };
+double stage_seconds[kStages];
+
+struct Clock {
+    std::chrono::steady_clock::time_point last = std::chrono::steady_clock::now();
+    void lap(Stage stage) {
+        const auto now = std::chrono::steady_clock::now();
+        stage_seconds[stage] += std::chrono::duration<double>(now - last).count();
+        last = now;
+    }
+};
+
 struct Scratch {
     std::vector<float> x, h, qkv, attn, gu, act, y;
 };
@@ -208,23 +224,43 @@ void sd_decoder_forward(const SdModel* model, const int64_t* tokens, int64_t n, 
     s.gu.resize(n * 2 * m.inter);
     s.act.resize(n * m.inter);
     s.y.resize(n * H);
+    Clock clock;
     for (int64_t r = 0; r < n; ++r) std::memcpy(&s.x[r * H], m.embedding + tokens[r] * H, H * sizeof(float));
     for (int64_t i = 0; i < m.layers; ++i) {
         const SdLayer& L = m.layer[i];
         rms_norm(s.x.data(), L.attn_norm, n, H, m.eps, s.h.data());
+        clock.lap(kNorm);
         apply_parts(L.qkv, s.h.data(), n, s.qkv.data());
+        clock.lap(kQkv);
         rope_and_store(m, L, s.qkv.data(), n, positions, slots);
+        clock.lap(kRope);
         attention(m, L, s.qkv.data(), n, vis, s.attn.data());
+        clock.lap(kAttention);
         apply(L.o, s.attn.data(), n, s.y.data());
         add(s.x.data(), s.y.data(), n * H);
+        clock.lap(kO);
         rms_norm(s.x.data(), L.mlp_norm, n, H, m.eps, s.h.data());
+        clock.lap(kNorm);
         apply_parts(L.gate_up, s.h.data(), n, s.gu.data());
+        clock.lap(kGateUp);
         silu_mul(s.gu.data(), n, m.inter, s.act.data());
+        clock.lap(kSilu);
         apply(L.down, s.act.data(), n, s.y.data());
         add(s.x.data(), s.y.data(), n * H);
+        clock.lap(kDown);
     }
     rms_norm(s.x.data() + first * H, m.final_norm, n - first, H, m.eps, s.h.data());
     apply(m.head, s.h.data(), n - first, logits);
+    clock.lap(kHead);
+}
+
+// The seconds per stage since the last call (norm, qkv, rope, attention, o, gate_up, silu,
+// down, head: kStages values), then zeroed.
+void sd_decoder_timings(double* out) {
+    for (int i = 0; i < kStages; ++i) {
+        out[i] = stage_seconds[i];
+        stage_seconds[i] = 0.0;
+    }
 }
 
 // Copy cache slots from[i] -> to[i] in every layer, in order (to[i] <= from[i], ascending:

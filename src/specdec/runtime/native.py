@@ -48,8 +48,19 @@ def library() -> ctypes.CDLL:
     lib = ctypes.CDLL(str(library_path(source=SOURCE)))
     lib.sd_decoder_forward.argtypes = [ctypes.POINTER(_Model), _p, _i64, _p, _p, _Visible, _i64, _p]
     lib.sd_decoder_move.argtypes = [ctypes.POINTER(_Model), _p, _p, _i64]
-    lib.sd_decoder_forward.restype = lib.sd_decoder_move.restype = None
+    lib.sd_decoder_timings.argtypes = [_p]
+    lib.sd_decoder_forward.restype = lib.sd_decoder_move.restype = lib.sd_decoder_timings.restype = None
     return lib
+
+
+STAGES = ("norm", "qkv", "rope", "attention", "o", "gate_up", "silu", "down", "head")
+
+
+def stage_seconds() -> dict[str, float]:
+    """Seconds each stage of decoder.cpp took since the last call (a step's profile)."""
+    out = (ctypes.c_double * len(STAGES))()
+    library().sd_decoder_timings(out)
+    return dict(zip(STAGES, out))
 
 
 def _weight(packed: Packed, bias: torch.Tensor | None) -> _Weight:

@@ -84,7 +84,7 @@ def read_gguf(path: Path, cfg: DecoderConfig, mode: str) -> SourceWeights:
             continue
         shape = tuple(int(n) for n in reversed(tensor.shape.tolist()))
         values = np.asarray(quants.dequantize(tensor.data, tensor.tensor_type), dtype=np.float32).reshape(shape)
-        dense[name] = torch.from_numpy(values)
+        dense[name] = torch.from_numpy(values.copy())  # the reader's arrays are read-only memory maps
         if name == EMBEDDING and cfg.tied:
             kind = tensor.tensor_type
             decoded = EXACT[kind](tensor.data, shape) if kind in EXACT else dense[name]

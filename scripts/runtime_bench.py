@@ -1,0 +1,151 @@
+"""Measure the native runtime (docs/runtime.md): read bandwidth, the int4 1.5B target's plain
+decode step against today's path (transformers + QuantLinear through CausalLM), the 0.5B int4
+draft's step with the full and a 32768-id head, a step's profile, and optionally paired tok/s
+of plain decoding against draft:k=3 on HumanEval prompts. Run under the CPU lock:
+
+    flock /tmp/cpu.lock env PYTHONPATH=src .venv/bin/python scripts/runtime_bench.py [--parts ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from specdec import DraftModel, generate
+from specdec.decode.lm import CausalLM
+from specdec.models.draft_head import bundled_text_tokens, frequent_tokens
+from specdec.models.load import load_model, load_tokenizer
+from specdec.prompts.chat import encode_prompt
+from specdec.prompts.datasets import dataset_path, read_prompts
+from specdec.runtime import load_registry
+from specdec.runtime.native import stage_seconds
+
+TARGET, DRAFT = "qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct"
+
+
+def cpu() -> dict:
+    info = Path("/proc/cpuinfo").read_text().splitlines()
+    name = next(line.split(":", 1)[1].strip() for line in info if line.startswith("model name"))
+    flags = next(line.split(":", 1)[1].split() for line in info if line.startswith("flags"))
+    wanted = [f for f in flags if f.startswith(("avx512", "avx2", "amx", "fma"))]
+    return {"model": name, "flags": wanted, "threads": torch.get_num_threads()}
+
+
+def bandwidth(gib: int = 3, repeats: int = 7) -> float:
+    """GB/s of a float32 tensor's .sum() over `gib` GiB (median, first run discarded)."""
+    x = torch.ones(gib * (1 << 30) // 4)
+    times = []
+    for _ in range(repeats + 1):
+        began = time.perf_counter()
+        x.sum()
+        times.append(time.perf_counter() - began)
+    return x.numel() * 4 / statistics.median(times[1:]) / 1e9
+
+
+def steps(lm, prompt: torch.Tensor, count: int) -> list[float]:
+    """Seconds of each of `count` greedy decode steps after prefilling `prompt`."""
+    token = lm.prefill(prompt)[-1].argmax().view(1)
+    out = []
+    for _ in range(count):
+        began = time.perf_counter()
+        token = lm.forward(token, last_only=True)[-1].argmax().view(1)
+        out.append(time.perf_counter() - began)
+    return out
+
+
+def paired_steps(lms: dict, prompt: torch.Tensor, rounds: int = 5, count: int = 16) -> dict[str, float]:
+    """Median decode-step ms of each model, measured in interleaved blocks (first block of each
+    discarded as warm-up)."""
+    times: dict[str, list[float]] = {name: [] for name in lms}
+    for r in range(rounds + 1):
+        for name, lm in lms.items():
+            block = steps(lm, prompt, count)
+            if r:
+                times[name] += block
+    return {name: 1e3 * statistics.median(t) for name, t in times.items()}
+
+
+def profile(lm, prompt: torch.Tensor, count: int = 32) -> dict:
+    steps(lm, prompt, 4)
+    token = lm.prefill(prompt)[-1].argmax().view(1)
+    stage_seconds()
+    began = time.perf_counter()
+    for _ in range(count):
+        token = lm.forward(token, last_only=True)[-1].argmax().view(1)
+    wall = (time.perf_counter() - began) / count
+    stages = {k: 1e3 * v / count for k, v in stage_seconds().items()}
+    kernels = sum(stages[k] for k in ("qkv", "o", "gate_up", "down", "head"))
+    return {"step_ms": 1e3 * wall, "stages_ms": stages, "kernels_ms": kernels,
+            "other_c_ms": sum(stages.values()) - kernels, "python_glue_ms": 1e3 * wall - sum(stages.values())}
+
+
+def humaneval(tokenizer, count: int) -> list[torch.Tensor]:
+    prompts = read_prompts(dataset_path("humaneval"))[:count]
+    return [torch.tensor(encode_prompt(tokenizer, p.text)) for p in prompts]
+
+
+def tok_per_s(target, draft, prompts: list[torch.Tensor], new: int) -> dict:
+    """Paired plain vs draft:k=3 tok/s per prompt (each pair run twice, the first discarded)."""
+    rows = []
+    for prompt in prompts:
+        pair = {}
+        for _ in range(2):
+            plain = generate(target, prompt, max_new_tokens=new)
+            spec = generate(target, prompt, drafter=DraftModel(draft, k=3), max_new_tokens=new)
+            pair = {"ar": plain.stats.tokens_per_s, "draft_k3": spec.stats.tokens_per_s,
+                    "equal": plain.new_tokens == spec.new_tokens, "tokens": len(plain.new_tokens),
+                    "accepted_per_round": spec.stats.accepted / max(spec.stats.rounds, 1)}
+        rows.append(pair)
+    speedups = [r["draft_k3"] / r["ar"] for r in rows]
+    return {"prompts": rows, "median_speedup": statistics.median(speedups)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--parts", nargs="+", default=["bandwidth", "target", "draft", "profile"],
+                        choices=["bandwidth", "target", "draft", "profile", "toks"])
+    parser.add_argument("--prompts", type=int, default=3)
+    parser.add_argument("--new", type=int, default=64)
+    parser.add_argument("--out", default="/tmp/runtime_bench.json")
+    args = parser.parse_args()
+    tokenizer = load_tokenizer(TARGET)
+    prompt = humaneval(tokenizer, 1)[0]
+    report: dict = {"cpu": cpu(), "prompt_tokens": prompt.numel()}
+    if "bandwidth" in args.parts:
+        report["read_GBps"] = bandwidth()
+    target = load_registry(TARGET, "int4")
+    weights = target.decoder.weights
+    report["target_forms"] = sorted(set(weights.forms.values()))
+    if "target" in args.parts:
+        today = CausalLM(load_model(TARGET, "bfloat16", quant="int4")[0])
+        ms = paired_steps({"native": target, "today_bf16": today}, prompt)
+        context = prompt.numel() + 48
+        kv = weights.config.layers * context * weights.config.kv_heads * weights.config.head_dim * 2 * 4
+        per_step = weights.nbytes() + kv
+        report["target"] = {"step_ms": ms, "bytes_per_step": per_step,
+                            "GBps_native": per_step / ms["native"] / 1e6}
+        del today
+    if "profile" in args.parts:
+        report["profile_target"] = profile(target, prompt)
+    if "draft" in args.parts or "toks" in args.parts:
+        draft = load_registry(DRAFT, "int4")
+        keep = frequent_tokens(bundled_text_tokens(tokenizer), 32768, draft.vocab_size, tokenizer.all_special_ids)
+        small = load_registry(DRAFT, "int4", head_ids=keep)
+        if "draft" in args.parts:
+            ms = paired_steps({"target": target, "draft_full": draft, "draft_32768": small}, prompt)
+            report["draft"] = {"step_ms": ms, "fraction_full": ms["draft_full"] / ms["target"],
+                               "fraction_32768": ms["draft_32768"] / ms["target"]}
+            report["profile_draft_32768"] = profile(small, prompt)
+        if "toks" in args.parts:
+            report["toks"] = tok_per_s(target, small, humaneval(tokenizer, args.prompts), args.new)
+    Path(args.out).write_text(json.dumps(report, indent=1))
+    print(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()
