@@ -274,7 +274,7 @@ def test_real_logits_match_transformers_on_the_same_weights(natives, name):
         params = dict(reference.named_parameters())
         for key, value in source.dense.items():
             params[key].copy_(value)
-    install(reference, source.linears, {"mode": "int4"})
+    install(reference, source.linears)
     tokens = code_prompts(name, 1)[0][:64]
     with torch.no_grad():
         expected = reference(tokens[None]).logits[0].float()
