@@ -11,7 +11,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 
-from ..cost.model import Costs, break_even_alpha, fit_alpha, optimal_k, predicted_speedup
+from ..cost.model import (
+    Costs,
+    break_even_alpha,
+    fit_alpha,
+    optimal_k,
+    predicted_speedup,
+)
 from ..errors import SpecdecError
 from ..methods.spec import Method
 from .advice import Advice, Choice, Verdict
@@ -128,7 +134,14 @@ def run_advise(target, drafts, families: list[Method], tokenizer, settings: Advi
     from ..decode.lm import CausalLM
     from .candidates import NOT_RANKED, draft_variant, hybrid_of
     from .confirm import confirm, confirmed_choice
-    from .measure import copy_bandwidth, decode_bytes, kv_bytes, measure_model, read_bandwidth, weight_bytes
+    from .measure import (
+        copy_bandwidth,
+        decode_bytes,
+        kv_bytes,
+        measure_model,
+        read_bandwidth,
+        weight_bytes,
+    )
 
     progress("read and copy bandwidth")
     bandwidth = read_bandwidth(device=target.device), copy_bandwidth(device=target.device)

@@ -25,14 +25,14 @@ def confirm(target, drafts, top: list[tuple[Method, float]], prompts: list[list[
     out = []
     for method, predicted in top:
         progress(f"confirming {method.label} (predicted {predicted:.2f}x) against plain decoding, paired")
-        make = lambda: build_proposer(method, drafts)
-        for proposer in (None, make()):  # warm-up, discarded
+        for proposer in (None, build_proposer(method, drafts)):  # warm-up, discarded
             _decode(target, prompts[0], proposer, WARMUP_TOKENS)
         totals = {"plain": [0, 0.0], "method": [0, 0.0]}
         for i, prompt in enumerate(prompts):
             order = ("plain", "method") if i % 2 == 0 else ("method", "plain")
             for side in order:
-                n, seconds = _decode(target, prompt, None if side == "plain" else make(), tokens)
+                proposer = None if side == "plain" else build_proposer(method, drafts)
+                n, seconds = _decode(target, prompt, proposer, tokens)
                 totals[side][0] += n
                 totals[side][1] += seconds
         rate = {side: n / s if s else 0.0 for side, (n, s) in totals.items()}
