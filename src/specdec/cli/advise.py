@@ -20,6 +20,7 @@ from .args import (
     load_target,
     options,
     quant_record,
+    say_target_form,
     settings_of,
     setup_of,
 )
@@ -154,6 +155,7 @@ def _load_random(args: argparse.Namespace):
     from ..models.quant_cache import check_options, quantize_model
 
     # Rounded, not from the GGUF: a random model's costs do not depend on the weights' values.
+    say_target_form(args)
     check_options(args.target_quant, args.quant_group, args.device)
     target = quantize_model(random_model(args.target, args.dtype, args.device), None, args.target_quant,
                             args.quant_group)

@@ -91,13 +91,19 @@ def draft_flags(args: argparse.Namespace) -> Flags:
 def resolve_target_form(args: argparse.Namespace) -> None:
     """--target-quant auto replaced by the form it picks (specdec.models.target_form), kept with
     its reason in args.target_form and said on stderr; every command with a target runs this
-    once, before anything reads --target-quant."""
+    once, before anything reads --target-quant; the form is said on stderr where the target loads
+(say_target_form), after the arguments' one-line errors."""
     from ..models.target_form import choose_form
 
     if not hasattr(args, "target_quant") or hasattr(args, "target_form"):
         return
     args.target_form = choose_form(args.target_quant, args.target, args.device)
     args.target_quant = args.target_form.quant
+
+
+def say_target_form(args: argparse.Namespace) -> None:
+    """The target's form and why, on stderr (every command that loads the target)."""
+    resolve_target_form(args)
     print(args.target_form.line(args.target), file=sys.stderr)
 
 
@@ -114,8 +120,7 @@ def load_target(args: argparse.Namespace):
     """The target of --target, quantized as --target-quant says, and its tokenizer."""
     from ..models.load import load_model
 
-    resolve_target_form(args)
-
+    say_target_form(args)
     return load_model(args.target, args.dtype, args.device, args.trust_remote_code, args.target_quant,
                       args.quant_group)
 

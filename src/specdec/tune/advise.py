@@ -132,7 +132,7 @@ def run_advise(target, drafts, families: list[Method], tokenizer, settings: Advi
     the costs are measured here (nothing is confirmed): the models may then carry random weights,
     and `tokenizer` may be None (the timed context is then random token ids)."""
     from ..decode.lm import CausalLM
-    from .candidates import NOT_RANKED, draft_variant, hybrid_of
+    from .candidates import NOT_RANKED, draft_variant
     from .confirm import confirm, confirmed_choice
     from .measure import (
         copy_bandwidth,
@@ -173,12 +173,11 @@ def run_advise(target, drafts, families: list[Method], tokenizer, settings: Advi
         return None
 
     measured = {f: m for f in families if (m := measure(f)) is not None}
-    if draft_families:  # the hybrid over the draft form the cost model ranks first
-        verdicts, _ = recommend(t_costs.step, verify, plain.overhead_per_round,
-                                {f: m for f, m in measured.items() if f.uses_draft}, settings.k_max)
-        best = max((f for f in measured if f.uses_draft), key=lambda f: verdicts[f.label].speedup or 0.0, default=None)
-        if best is not None and (hybrid := measure(hybrid_of(best))) is not None:
-            measured[hybrid_of(best)] = hybrid
+    # The hybrid over the draft form the cost model ranks first; from a saved run, the hybrids it
+    # measured (its ranking came from its own costs).
+    for family in _hybrids(t_costs.step, verify, plain.overhead_per_round, measured, settings.k_max, saved is None):
+        if (hybrid := measure(family)) is not None:
+            measured[family] = hybrid
     if saved is not None and not measured:
         raise SpecdecError(f"the acceptance file has no calibration of {', '.join(f.label for f in families)}")
 
@@ -200,6 +199,18 @@ def run_advise(target, drafts, families: list[Method], tokenizer, settings: Advi
         acceptance_from="saved" if saved is not None else "measured",
         confirmed=confirmed, not_ranked=dict(NOT_RANKED),
     )
+
+
+def _hybrids(c_target: float, verify: dict[int, float], overhead: float,
+             measured: dict[Method, tuple[float, Calibration]], k_max: int, best_only: bool) -> list[Method]:
+    """The hybrids to measure: over the best draft form by prediction, or over every one."""
+    from .candidates import hybrid_of
+
+    drafts = {f: m for f, m in measured.items() if f.uses_draft}
+    if not drafts or not best_only:
+        return [hybrid_of(f) for f in drafts]
+    verdicts, _ = recommend(c_target, verify, overhead, drafts, k_max)
+    return [hybrid_of(max(drafts, key=lambda f: verdicts[f.label].speedup or 0.0))]
 
 
 def _context(target, tokenizer, length: int):
