@@ -32,7 +32,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                        "position of every method family (the draft as none/int8/int4 and with a restricted head, "
                        "prompt lookup, the hybrid) on calibration prompts, predicts the speedup of each family and "
                        "k, runs the top 3 paired with plain decoding, and times llama.cpp's plain decoding of the "
-                       "same GGUF where installed. About 6 minutes for the 1.5B/0.5B pair on 2 CPU cores; "
+                       "same GGUF where installed. An estimated 6 minutes for the 1.5B/0.5B pair on 2 idle CPU cores; "
                        "--quick about 2.")
     add_model_args(a, "draft model; 'none' measures prompt lookup only")
     add_settings(a, AdviseSettings)
