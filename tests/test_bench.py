@@ -403,15 +403,18 @@ def test_auto_method_runs_the_advised_method(tiny_pair, dataset, tmp_path, capsy
     configuration, and runs that method's proposer; its output is ar's."""
     from specdec.cli import args as cli_args
     from specdec.cli import build_parser
-    from specdec.tune.advice import Advice, Choice, save_advice
+    from specdec.methods.spec import parse
+    from specdec.tune.advice import DEFAULT_CHOICE, Advice, Choice, device_kind, save_advice
 
     out = tmp_path / "default"
     assert main(bench_args(tiny_pair, dataset, out, "--methods", "ar,auto")) == 0
     config = json.loads((out / "config.json").read_text())
-    assert config["auto"]["runs"] == "draft:k=2:quant=int8" and "no advice" in config["auto"]["why"]
+    default = parse(DEFAULT_CHOICE[device_kind("cpu")])  # hybrid:k=3:quant=int4 where the kernels have a vector path
+    assert config["auto"]["runs"] == default.label and "no advice" in config["auto"]["why"]
     assert config["draft"] == tiny_pair[1]
     rows = [r for r in read_rows(out) if r["method"] == "auto"]
-    assert rows and all(r["draft_calls"] > 0 and max(r["proposed_lengths"]) <= 2 for r in rows)
+    k = default.k
+    assert rows and all(r["draft_calls"] > 0 and max(r["proposed_lengths"]) <= k for r in rows)
     overall = json.loads((out / "summary.json").read_text())["overall"]["methods"]["auto"]
     assert overall["greedy_equal"]["mismatches"] == 0
 

@@ -81,12 +81,17 @@ def test_streaming_marks_draft_tokens(capsys, tiny_registry):
 def test_bad_arguments_one_line_errors(capsys, tiny_registry, extra, message):
     code, out, err = run(capsys, *base_args(tiny_registry, "--proposer", "lookup", *extra))
     assert code == 2 and out == ""
-    assert err.count("\n") == 1 and message in err and "Traceback" not in err
+    assert error_lines(err) == 1 and message in err and "Traceback" not in err
+
+
+def error_lines(err: str) -> int:
+    """Lines of stderr but the line saying which target form loads (it comes before a late error)."""
+    return sum(1 for line in err.splitlines() if not line.startswith("[specdec] target "))
 
 
 def test_unknown_model_lists_known_names(capsys):
     code, _, err = run(capsys, "generate", "--target", "no-such-model", "--prompt", "hi")
-    assert code == 2 and "qwen2.5-coder-1.5b-instruct" in err and err.count("\n") == 1
+    assert code == 2 and "qwen2.5-coder-1.5b-instruct" in err and error_lines(err) == 1
 
 
 def test_empty_prompt_and_missing_prompt_file(capsys, tiny_registry, tmp_path):
@@ -187,13 +192,24 @@ def setup_of(argv):
     return args.setup_of(parsed, parsed.draft_vocab)
 
 
-def test_auto_is_the_default_and_uses_the_cpu_default_without_advice(capsys, tiny_registry):
+@pytest.mark.parametrize("path, default, k", [("avx512-vnni", "hybrid:k=3:quant=int4", 3),
+                                               ("avx2", "hybrid:k=3:quant=int4", 3),
+                                               ("portable", "draft:k=2:quant=int8", 2)])
+def test_auto_is_the_default_and_uses_the_cpu_default_without_advice(capsys, tiny_registry, monkeypatch,
+                                                                       path, default, k):
+    from specdec.methods.spec import parse
+    from specdec.models import target_form
+
+    monkeypatch.setattr(target_form, "kernel_path", lambda device: path)
+    default = parse(default).label  # the spelling every option given: hybrid:k=3:ngram=3:quant=int4
     code, out, err = run(capsys, *auto_args())
-    assert code == 0 and "auto: draft:k=2:quant=int8 (no advice measured" in err
+    assert code == 0 and f"auto: {default} (no advice measured" in err
     auto = json.loads(out)
+    assert auto["ran"]["method"] == default and auto["ran"]["why"].startswith(f"auto: {default} (no advice")
+    assert auto["ran"]["target"]["target"] == "none"  # a folder-like name: auto keeps it dense
     code, out, _ = run(capsys, *auto_args("--proposer", "none"))
     assert auto["new_tokens"] == json.loads(out)["new_tokens"]
-    assert auto["stats"]["draft_calls"] > 0 and max(auto["stats"]["proposed_lengths"]) == 2
+    assert auto["stats"]["draft_calls"] > 0 and max(auto["stats"]["proposed_lengths"]) == k
 
 
 def test_auto_follows_saved_advice(capsys, tiny_registry, tmp_path):
@@ -240,7 +256,7 @@ def test_advise_saves_advice_for_auto(capsys, tiny_registry, tmp_path):
             "--prompts", "1", "--context", "200", "--k-max", "3", "--calibration-k", "2", "--tokens", "6", "--raw"]
     assert main(args) == 0
     saved = json.loads(advice_path(setup_of(args)).read_text())
-    assert saved["version"] == 2 and saved["setup"]["target"] == "tiny" and saved["settings"]["context"] == 200
+    assert saved["version"] == 3 and saved["setup"]["target"] == "tiny" and saved["settings"]["context"] == 200
     choice = parse(Advice.from_json(saved).choice.method)
     assert choice.kind == "ar" or choice.family().label in saved["proposers"]
     err = capsys.readouterr().err

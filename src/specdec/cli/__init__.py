@@ -25,8 +25,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from .args import resolve_target_form
+
     args = build_parser().parse_args(argv)
     try:
+        resolve_target_form(args)
         return args.func(args)
     except SpecdecError as e:
         print(f"specdec: error: {e}", file=sys.stderr)

@@ -16,18 +16,24 @@ from .args import (
     add_settings,
     at_least_one,
     draft_flags,
+    load_drafts,
     load_target,
     options,
     quant_record,
+    say_target_form,
     settings_of,
     setup_of,
 )
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    a = sub.add_parser("advise", help="measure the cost terms here and recommend a proposer and k",
-                       description="Times C_T(1), C_D and C_V(k), measures acceptance by position on "
-                       "calibration prompts, and predicts the speedup of each proposer and k.")
+    a = sub.add_parser("advise", help="measure the cost terms here, rank every method and confirm the best",
+                       description="Times C_T(1), C_V(k) and C_D of each draft form, measures acceptance by "
+                       "position of every method family (the draft as none/int8/int4 and with a restricted head, "
+                       "prompt lookup, the hybrid) on calibration prompts, predicts the speedup of each family and "
+                       "k, runs the top 3 paired with plain decoding, and times llama.cpp's plain decoding of the "
+                       "same GGUF where installed. An estimated 6 minutes for the 1.5B/0.5B pair on 2 idle CPU cores; "
+                       "--quick about 2.")
     add_model_args(a, "draft model; 'none' measures prompt lookup only")
     add_settings(a, AdviseSettings)
     a.add_argument("--dataset", default="spec-bench", help="calibration prompts: a bench dataset name or JSONL")
@@ -35,6 +41,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="categories to take one prompt each from ('' = the first prompts of the file)")
     a.add_argument("--raw", action="store_true", help="no chat template")
     a.add_argument("--json", action="store_true", help="print the advice record as one JSON object")
+    a.add_argument("--quick", action="store_true",
+                   help="fewer candidates (the draft as given and as int4, no restricted head) and no paired "
+                        "confirmation: about a third of the time, the choice by prediction only")
     a.add_argument("--random-weights", action="store_true",
                    help="time models of the target's and draft's shapes with random weights (no weights "
                         "needed here); acceptance then comes from --acceptance")
@@ -58,7 +67,8 @@ def cmd_advise(args: argparse.Namespace) -> int:
     from ..prompts.chat import encode_prompt
     from ..prompts.datasets import Selection, load_prompts
     from ..tune.advice import save_advice
-    from ..tune.advise import candidates, run_advise
+    from ..tune.advise import run_advise
+    from ..tune.candidates import candidates
     from ..tune.render import render
 
     if args.from_file and not args.export:
@@ -75,18 +85,27 @@ def cmd_advise(args: argparse.Namespace) -> int:
     saved = Advice.load(args.acceptance) if args.acceptance else None
     categories = tuple(c for c in args.categories.split(",") if c) or None
     prompts, _ = load_prompts(args.dataset, Selection(categories, 1 if categories else None, args.prompts))
-    families = candidates(args.draft != "none", args.device, flags["quant"], flags["vocab"])
-    target, drafts, tokenizer = _load_random(args) if args.random_weights else _load(args, families)
+    has_draft = args.draft != "none"
+    if args.random_weights:
+        families = candidates(has_draft, args.device, flags["quant"], flags["vocab"], quick=args.quick)
+        target, drafts, tokenizer = _load_random(args)
+    else:
+        # advise times the target's and drafts' layers through transformers' model (tune.measure): on
+        # the hf runtime whatever --runtime says, until it measures the native runtime too.
+        target, tokenizer = load_target(args, runtime="hf")
+        families = candidates(has_draft, args.device, flags["quant"], flags["vocab"], logit_width(target), args.quick)
+        drafts = load_drafts(args, target, tokenizer, families, runtime="hf")
     if tokenizer is None:  # only plain decoding's bookkeeping is timed on these: any ids do
         gen = torch.Generator().manual_seed(0)
         encoded = [torch.randint(logit_width(target), (32,), generator=gen).tolist() for _ in prompts]
     else:
         encoded = [encode_prompt(tokenizer, p.text, raw=args.raw) for p in prompts]
-    settings = replace(settings_of(args, AdviseSettings), prompts=len(prompts))
+    settings = replace(settings_of(args, AdviseSettings), prompts=len(prompts), **({"confirm": 0} if args.quick else {}))
     say = lambda step: print(f"[advise] {step}", file=sys.stderr, flush=True)
     advice = run_advise(target, drafts, families, tokenizer, settings, encoded, progress=say, saved=saved)
     advice = replace(
         advice, random_weights=args.random_weights,
+        llamacpp=_versus_llamacpp(args, advice, encoded, settings.tokens, say),
         calibration_prompts=[p.id for p in prompts] if saved is None else f"from {args.acceptance}",
         environment=environment(args.device, resolve_dtype(args.dtype, args.device), [f.label for f in families],
                                 quant_record(args)),
@@ -117,13 +136,15 @@ def _engine_file(name: str, engine: str) -> str:
     return f"{name}.gguf" if engine == "llamacpp" else name  # a folder: llama.cpp needs its GGUF conversion
 
 
-def _load(args: argparse.Namespace, families):
-    from .args import load_drafts
+def _versus_llamacpp(args: argparse.Namespace, advice: Advice, prompts: list[list[int]], tokens: int, say) -> dict:
+    """llama.cpp's plain decoding of the target's GGUF against specdec's plain decoding and
+    choice, or why it was not timed (random weights time shapes, not the GGUF's model)."""
+    from ..tune.versus import against_llamacpp, llamacpp_available, time_llamacpp
 
-    # advise times the target's and drafts' layers through transformers' model (tune.measure): on
-    # the hf runtime whatever --runtime says, until it measures the native runtime too.
-    target, tokenizer = load_target(args, runtime="hf")
-    return target, load_drafts(args, target, tokenizer, families, runtime="hf"), tokenizer
+    why_not = "random weights" if args.random_weights else llamacpp_available(args.target)
+    if why_not:
+        return {"not_timed": why_not}
+    return against_llamacpp(time_llamacpp(args.target, prompts, tokens, say), advice.plain_tokens_per_s, advice.choice)
 
 
 def _load_random(args: argparse.Namespace):
@@ -136,6 +157,7 @@ def _load_random(args: argparse.Namespace):
     from ..models.quant_cache import check_options, quantize_model
 
     # Rounded, not from the GGUF: a random model's costs do not depend on the weights' values.
+    say_target_form(args)
     check_options(args.target_quant, args.quant_group, args.device)
     target = quantize_model(random_model(args.target, args.dtype, args.device), None, args.target_quant,
                             args.quant_group)

@@ -20,17 +20,22 @@ from ..quant import MODES
 from ..runtime.choose import RUNTIMES
 
 
-def add_model_args(p: argparse.ArgumentParser, draft_help: str = "draft model of draft and hybrid methods") -> None:
-    """The target, the draft and how to load them."""
+def add_model_args(p: argparse.ArgumentParser, draft_help: str = "draft model of draft and hybrid methods",
+                   target_quant: str = "auto") -> None:
+    """The target, the draft and how to load them; `target_quant` is --target-quant's default
+    (bench, sweep and perplexity compare forms and keep none, the dense copy)."""
     from ..models.load import DEFAULT_DRAFT, DEFAULT_TARGET, DTYPES
+    from ..models.target_form import TARGET_FORMS
 
     p.add_argument("--target", default=DEFAULT_TARGET, help="registry name or local HF model folder")
     p.add_argument("--draft", default=DEFAULT_DRAFT, help=draft_help)
-    p.add_argument("--target-quant", default="none", choices=MODES,
+    p.add_argument("--target-quant", default=target_quant, choices=TARGET_FORMS,
                    help="the target's linear layers as 8-bit or 4-bit codes on specdec's int8-activation kernels "
                         "(CPU): a registry model from its own GGUF (Q4_K, Q4_1, Q6_K kept exactly), converted once "
                         "into the model cache; a folder rounded. Lossless speculation is then relative to the "
-                        "quantized target")
+                        "quantized target. auto: the fastest form of the model as shipped, int4 for a registry "
+                        f"model (a Q4_K_M GGUF) on a CPU where specdec's kernels run, dense elsewhere "
+                        f"(default: {target_quant})")
     p.add_argument("--draft-quant", default=None, choices=MODES,
                    help="quant= for every draft method: the draft's linear layers as 8-bit or 4-bit codes "
                         "(CPU), a cheaper draft, still lossless")
@@ -88,11 +93,32 @@ def draft_flags(args: argparse.Namespace) -> Flags:
     return {"quant": quant, "vocab": ("--draft-vocab", args.draft_vocab)}
 
 
+def resolve_target_form(args: argparse.Namespace) -> None:
+    """--target-quant auto replaced by the form it picks (specdec.models.target_form), kept with
+    its reason in args.target_form and said on stderr; every command with a target runs this
+    once, before anything reads --target-quant; the form is said on stderr where the target loads
+(say_target_form), after the arguments' one-line errors."""
+    from ..models.target_form import choose_form
+
+    if not hasattr(args, "target_quant") or hasattr(args, "target_form"):
+        return
+    args.target_form = choose_form(args.target_quant, args.target, args.device)
+    args.target_quant = args.target_form.quant
+
+
+def say_target_form(args: argparse.Namespace) -> None:
+    """The target's form and why, on stderr (every command that loads the target)."""
+    resolve_target_form(args)
+    print(args.target_form.line(args.target), file=sys.stderr)
+
+
 def quant_record(args: argparse.Namespace) -> dict:
-    """How the target's weights are quantized, for configs and advice (machine.environment)."""
+    """How the target's weights are quantized and why, for configs and advice (machine.environment)."""
     from ..models.quant_cache import describe
 
-    return {"target": describe(args.target_quant, args.quant_group), "group": args.quant_group}
+    resolve_target_form(args)  # main() has, unless the arguments were parsed elsewhere
+    return {"target": describe(args.target_quant, args.quant_group), "group": args.quant_group,
+            "target_reason": args.target_form.reason}
 
 
 def load_target(args: argparse.Namespace, runtime: str | None = None):
@@ -101,6 +127,7 @@ def load_target(args: argparse.Namespace, runtime: str | None = None):
     from ..models.load import load_model, load_tokenizer
     from ..runtime.choose import use_native
 
+    say_target_form(args)
     if use_native(runtime or args.runtime, args.target, args.target_quant, args.device):
         from ..runtime import load_registry
 
@@ -191,6 +218,7 @@ def load_proposer(args: argparse.Namespace, method: Method):
     check_specdec(method)  # before the models load (slow)
     advice = load_advice(args.pay_rule)
     target, tokenizer = load_target(args)
+    args.method_reason = f"auto: {said}" if said else "as --proposer says"  # generate's --json reports it
     if said:  # said once the target is known to load, so a bad name still gives a one-line error
         print(f"[specdec] auto: {said}", file=sys.stderr)
     drafts = load_drafts(args, target, tokenizer, [method])

@@ -64,7 +64,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--no-progress", action="store_true", help="no progress bar")
     b.add_argument("--pay-rule", metavar="FILE",
                    help="cost terms for methods with pay=1: the JSON of `specdec advise --json` for this pair")
-    add_model_args(b, "draft model of draft, hybrid and hf-assisted methods")
+    add_model_args(b, "draft model of draft, hybrid and hf-assisted methods", target_quant="none")
     add_sampling_args(b)
     b.set_defaults(func=cmd_bench)
 

@@ -54,20 +54,23 @@ def cmd_check(args: argparse.Namespace) -> int:
         raise SpecdecError("auto chose plain decoding for this setup: nothing to check; use --proposer draft or lookup")
     raw = lambda text: tokenizer(text)["input_ids"]
     start = time.perf_counter()
-    if args.target_quant != "none":  # the reference is the quantized target, not the original weights
-        print(f"[check] the reference is the {quant_record(args)['target']} target's own decoding: "
-              "lossless relative to the quantized weights", file=sys.stderr)
+    # transformers' generate is a reference only for transformers' own dense model: a quantized
+    # target runs specdec's layers (or specdec's native runtime), so its reference is its own plain decoding.
+    dense = isinstance(target, PreTrainedModel) and args.target_quant == "none"
+    why_not = ("it runs transformers' own model; --runtime hf compares it" if not isinstance(target, PreTrainedModel)
+               else "it does not run this quantized model by itself")
+    print(f"[check] the reference is the {quant_record(args)['target']} target's own plain decoding"
+          + (", and transformers' generate on the same dense model" if dense else
+             f"; transformers' generate is not compared ({why_not})"),
+          file=sys.stderr)
     prompts = [encode_prompt(tokenizer, t, raw=args.raw) for t in check.GREEDY_PROMPTS[: plan.greedy_prompts]]
     checks = [("greedy", lambda: check.check_greedy(target, drafter, prompts, plan.greedy_tokens))]
-    if isinstance(target, PreTrainedModel):
+    if dense:
         # transformers first: specdec's first generation repacks the target's layers in place.
         eos = eos_of(target)
         hf = [hf_greedy(target, p, plan.greedy_tokens, eos)
               for p in tqdm(prompts, desc="transformers' generate", file=sys.stderr)]
         checks.append(("transformers", lambda: check.check_transformers(target, prompts, hf, plan.greedy_tokens)))
-    else:
-        print("[check] the target runs on specdec's native runtime: transformers' generate is not compared "
-              "(it runs transformers' own model; --runtime hf compares it)", file=sys.stderr)
     eta = check.estimate_seconds(target, drafter, plan, raw)
     print(f"[check] estimated time: about {eta / 60:.1f} min more", file=sys.stderr)
     contexts = [raw(t) for t in check.SAMPLING_CONTEXTS]

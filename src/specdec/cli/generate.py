@@ -8,7 +8,15 @@ import sys
 from pathlib import Path
 
 from ..errors import SpecdecError
-from .args import add_method_args, add_model_args, add_sampling_args, at_least_one, load_proposer, method_of
+from .args import (
+    add_method_args,
+    add_model_args,
+    add_sampling_args,
+    at_least_one,
+    load_proposer,
+    method_of,
+    quant_record,
+)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -46,8 +54,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
         )
     except GenerationInterrupted as interrupt:  # Ctrl-C: still show what was committed
         result, code = interrupt.result, 130
+    ran = {"method": method.label, "why": getattr(args, "method_reason", "as --proposer says"),
+           "target": quant_record(args)}
     if args.json:
-        print(json.dumps(_json_result(tokenizer, result)))
+        print(json.dumps(_json_result(tokenizer, result) | {"ran": ran}))
     else:
         streamer.finish()
         print(summary_line(result), file=sys.stderr)

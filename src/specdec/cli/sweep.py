@@ -28,7 +28,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     s = sub.add_parser("sweep", help="cost terms and speedup against context length",
                        description="Builds real long prompts of each length, prefills them once, times the "
                        "cost terms and runs plain and speculative decoding from them.")
-    add_model_args(s, "draft model of draft methods")
+    add_model_args(s, "draft model of draft methods", target_quant="none")
     s.add_argument("--contexts", default="2048,4096,8192", help="comma list of context lengths (tokens)")
     s.add_argument("--methods", default="draft:k=2,lookup:k=2",
                    help="comma list of method specs: draft:k=K[:quant=Q][:vocab=N], lookup:k=K[:ngram=N]")

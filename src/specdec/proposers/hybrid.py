@@ -22,8 +22,12 @@ class Hybrid(OverDraft):
         self.draft, self.lookup = draft, lookup
         self.k = draft.k
         self._drafted = False  # whether the draft made the last proposal
+        # Rounds of the last generation the draft proposed: advise prices a hybrid round from
+        # this share of draft rounds (the others cost no draft step).
+        self.draft_rounds = 0
 
     def begin(self, prompt: torch.Tensor, vocab_size: int, reuse: bool = False) -> None:
+        self.draft_rounds = 0
         self.draft.begin(prompt, vocab_size, reuse)
         self.lookup.begin(prompt, vocab_size, reuse)
 
@@ -32,6 +36,7 @@ class Hybrid(OverDraft):
     ) -> Proposal:
         found = self.lookup.propose(seq, k, cfg, generator)
         self._drafted = not found.tokens.numel()
+        self.draft_rounds += self._drafted
         return self.draft.propose(seq, k, cfg, generator) if self._drafted else found
 
     def observe(self, proposed: int, accepted: int) -> None:

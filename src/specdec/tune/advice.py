@@ -27,10 +27,14 @@ from ..files import cache_root
 from ..methods.spec import Method, parse
 from ..proposers.policy import PayRule
 
-VERSION = 2
-# Without advice: the best setting measured on a CPU without native bf16 (docs/bench/README.md:
-# the int8 draft with k=2), the plain draft elsewhere (int8 kernels are CPU-only).
-DEFAULT_CHOICE = {"cpu": "draft:k=2:quant=int8", "other": "draft:k=2"}
+VERSION = 3
+# Without advice, the fastest setting measured per kind of device. A CPU where specdec's kernels
+# have a vector path (avx512-vnni, avx2): the int4 draft in a hybrid at k=3 over the int4 target,
+# 1.77x the int4 target's plain decoding and 1.51x llama.cpp's on HumanEval/0-19 (2-core AMD
+# EPYC Zen 5, README "The fastest lossless CPU recipe", docs/quant.md). A CPU with the portable
+# kernels only: the int8 draft with k=2 (docs/bench/README.md, a CPU without native bf16). Elsewhere
+# the plain draft (int8 and int4 kernels are CPU-only).
+DEFAULT_CHOICE = {"cpu-kernels": "hybrid:k=3:quant=int4", "cpu": "draft:k=2:quant=int8", "other": "draft:k=2"}
 
 
 @dataclass(frozen=True)
@@ -45,6 +49,7 @@ class Calibrated:
     tokens_per_s: float = 0.0
     expected_tokens_measured: float = 0.0
     expected_tokens_iid: float | None = None
+    draft_share: float = 1.0  # rounds the draft model proposed in (a hybrid's lookup rounds cost none)
 
 
 @dataclass(frozen=True)
@@ -64,6 +69,21 @@ class Verdict:
 class Choice:
     method: str  # a full method spec; "ar": speculation does not pay here
     predicted_speedup: float
+    measured_speedup: float | None = None  # in the paired confirmation run (None: not confirmed)
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class Confirmed:
+    """One of the top predicted methods, run paired with plain decoding on the same prompts."""
+
+    method: str
+    predicted_speedup: float
+    measured_speedup: float  # its tokens/s over plain decoding's, both pooled over the prompts
+    tokens_per_s: float
+    plain_tokens_per_s: float
+    prompts: int
+    tokens: int  # new tokens per generation
 
 
 @dataclass(frozen=True)
@@ -85,6 +105,9 @@ class Advice:
     random_weights: bool = False
     environment: dict = field(default_factory=dict)  # specdec.machine.environment
     setup: dict | None = None  # the Setup it was saved under (advise fills it in)
+    confirmed: list[Confirmed] = field(default_factory=list)  # version 3: predicted against measured
+    not_ranked: dict[str, str] = field(default_factory=dict)  # families and options left out, and why
+    llamacpp: dict = field(default_factory=dict)  # llama.cpp's plain decoding of the same GGUF, where installed
     version: int = VERSION
 
     def to_json(self) -> dict:
@@ -94,10 +117,10 @@ class Advice:
     def from_json(cls, data: dict) -> Advice:
         if "version" not in data:
             data = _from_version_1(data)
-        elif data["version"] != VERSION:
-            raise ValueError(f"advice version {data['version']}; this specdec reads {VERSION}")
+        elif data["version"] not in (2, VERSION):  # version 2 lacks only fields with defaults
+            raise ValueError(f"advice version {data['version']}; this specdec reads 1 to {VERSION}")
         ints = lambda d: {int(k): v for k, v in d.items()}  # JSON keeps int keys as strings
-        plain = {f.name for f in fields(cls)} - {"verify", "calibration", "proposers", "choice"}
+        plain = {f.name for f in fields(cls)} - {"verify", "calibration", "proposers", "choice", "confirmed", "version"}
         return cls(
             **{k: v for k, v in data.items() if k in plain},
             verify={int(k): float(v) for k, v in data["verify"].items()},
@@ -107,6 +130,7 @@ class Advice:
                                         "break_even_alpha": ints(v.get("break_even_alpha", {}))})
                        for name, v in data["proposers"].items()},
             choice=Choice(**data["choice"]),
+            confirmed=[Confirmed(**c) for c in data.get("confirmed", [])],
         )
 
     @classmethod
@@ -212,13 +236,23 @@ def save_advice(setup: Setup, advice: Advice) -> Path:
     return path
 
 
+def device_kind(device: str) -> str:
+    """DEFAULT_CHOICE's key: a CPU with a vector path of specdec's kernels, another CPU, or not a CPU."""
+    from ..models.target_form import FAST_PATHS, kernel_path
+
+    if not str(device).startswith("cpu"):
+        return "other"
+    return "cpu-kernels" if kernel_path(device) in FAST_PATHS else "cpu"
+
+
 def choose(setup: Setup) -> tuple[Method, str]:
     """The method the saved advice for `setup` recommends, else the device's default; and why."""
     path = advice_path(setup)
     if not path.is_file():
-        method = DEFAULT_CHOICE["cpu" if setup.device == "cpu" else "other"]
-        return parse(method), ("no advice measured for this setup yet, so the default; "
-                               "`specdec advise` (same --target/--draft/--dtype) measures it")
+        kind = device_kind(setup.device)
+        return parse(DEFAULT_CHOICE[kind]), (f"no advice measured for this setup yet, so the measured default of a "
+                                             f"{kind} device; `specdec advise` (same --target/--draft/--dtype) "
+                                             "measures it here")
     try:
         saved: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
         if "version" not in saved and "proposer" in saved.get("choice", {}):  # saved before version 2

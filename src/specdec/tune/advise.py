@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field, replace
 
 from ..cost.model import Costs, break_even_alpha, fit_alpha, optimal_k, predicted_speedup
 from ..errors import SpecdecError
-from ..methods.spec import DEFAULT_NGRAM, Method
+from ..methods.spec import Method
 from .advice import Advice, Choice, Verdict
 from .calibration import Calibration
 
@@ -34,6 +34,7 @@ class AdviseSettings:
     prompts: int = field(default=4, metadata={"help": "calibration prompts"})
     tokens: int = field(default=48, metadata={"help": "new tokens per calibration prompt"})
     repeats: int = 3  # timings per block size (medians)
+    confirm: int = 3  # the top predicted methods run paired with plain decoding (0: none, --quick)
 
 
 def recommend(
@@ -47,7 +48,8 @@ def recommend(
     for family, (c_draft, cal) in proposers.items():
         # A model-free proposer's search time is per round, not per guess: charge it as overhead.
         overhead = cal.overhead_per_round + (cal.propose_per_round if c_draft == 0 else 0.0)
-        costs = Costs(c_target, c_draft, verify, overhead, baseline_overhead)
+        # A hybrid's draft steps run in its draft rounds only: a guess costs C_D times their share.
+        costs = Costs(c_target, c_draft * cal.draft_share, verify, overhead, baseline_overhead)
         if not cal.acceptance.rates:
             per[family.label] = Verdict(0, None, "it never proposed a token on the calibration prompts")
             continue
@@ -60,20 +62,24 @@ def recommend(
             break_even_alpha={k: break_even_alpha(costs, k) for k in (1, 2, 4, 8) if k <= k_max},
         )
         best_of[family.label] = replace(family, k=best_k)
+    return per, _best(per, best_of)
+
+
+def _best(per: dict[str, Verdict], best_of: dict[str, Method]) -> Choice:
+    """The family with the highest predicted speedup at its best k, or plain decoding."""
     ranked = sorted((v.speedup, name) for name, v in per.items() if v.speedup is not None)
     if ranked and ranked[-1][0] >= MIN_GAIN:
         speedup, name = ranked[-1]
-        return per, Choice(best_of[name].label, speedup)
-    return per, Choice("ar", 1.0)
+        return Choice(best_of[name].label, speedup, reason="the highest predicted speedup (not confirmed)")
+    return Choice("ar", 1.0, reason=f"no method is predicted to reach {MIN_GAIN:.2f}x")
 
 
-def candidates(has_draft: bool, device: str, quant: str | None = None, vocab: int | None = None) -> list[Method]:
-    """The proposers advise measures: the draft as given (quant, vocab), on a CPU also its int8
-    copy (the CPU's cheaper draft), and prompt lookup."""
-    drafts = [Method("draft", quant=quant, vocab=vocab)] if has_draft else []
-    if has_draft and quant is None and device == "cpu":
-        drafts.append(Method("draft", quant="int8", vocab=vocab))
-    return [*drafts, Method("lookup", ngram=DEFAULT_NGRAM)]
+def ranking(per: dict[str, Verdict], families: list[Method]) -> list[tuple[Method, float]]:
+    """Each family at its best k, by predicted speedup, fastest first (those that pay at all)."""
+    by_label = {f.label: f for f in families}
+    paying = [(replace(by_label[name], k=v.k), v.speedup) for name, v in per.items()
+              if v.speedup is not None and v.k > 0]
+    return sorted(paying, key=lambda pair: -pair[1])
 
 
 def _reason(costs: Costs, cal: Calibration, alpha: float, k: int, speedup: float) -> str:
@@ -111,28 +117,22 @@ def bandwidth_verdict(decode_bytes: int, c_target: float, read_bytes_per_s: floa
 def run_advise(target, drafts, families: list[Method], tokenizer, settings: AdviseSettings,
                prompts: list[list[int]], progress: Callable[[str], None] = lambda _: None,
                saved: Advice | None = None) -> Advice:
-    """Measure everything for the proposers `families` (methods without k; candidates()) and
-    return the advice. `drafts` (specdec.methods.build.Drafts) holds the draft and its variants.
+    """Measure everything for the proposers `families` (methods without k: tune.candidates), then
+    the hybrid over the draft variant ranked first, predict every k of each, confirm the top
+    `settings.confirm` in a paired run, and return the advice. `drafts` (specdec.methods.build.Drafts)
+    holds the draft and its variants.
 
     With `saved` (the advice of a run elsewhere) the proposers' acceptance comes from it and only
-    the costs are measured here: the models may then carry random weights, and `tokenizer` may
-    be None (the timed context is then random token ids)."""
-    import torch
-
-    from ..decode.engine import generate
+    the costs are measured here (nothing is confirmed): the models may then carry random weights,
+    and `tokenizer` may be None (the timed context is then random token ids)."""
     from ..decode.lm import CausalLM
-    from ..methods.build import build_proposer
-    from ..models.load import logit_width
-    from ..prompts.long import long_prompt
+    from .candidates import NOT_RANKED, draft_variant
+    from .confirm import confirm, confirmed_choice
     from .measure import copy_bandwidth, decode_bytes, kv_bytes, measure_model, read_bandwidth, weight_bytes
 
     progress("read and copy bandwidth")
     bandwidth = read_bandwidth(device=target.device), copy_bandwidth(device=target.device)
-    if tokenizer is None:  # random weights: the values of the context's tokens cost nothing
-        ids = torch.randint(logit_width(target), (settings.context,), generator=torch.Generator().manual_seed(0))
-    else:
-        ids = torch.tensor(long_prompt(tokenizer, settings.context))
-    context = ids.to(target.device)
+    context = _context(target, tokenizer, settings.context)
     progress(f"target C_T(1), C_V(k) for k=1..{settings.k_max} at context {settings.context}")
     t_lm = CausalLM(target)
     t_costs = measure_model(t_lm, context, range(1, settings.k_max + 2), settings.repeats)
@@ -141,32 +141,39 @@ def run_advise(target, drafts, families: list[Method], tokenizer, settings: Advi
     if draft_families:
         drafts.prepare(draft_families)
     c_draft = {}
-    for family in draft_families:
-        progress(f"{family.label} C_D")
-        c_draft[family.label] = measure_model(drafts.lm(family), context, [1, 2], settings.repeats).step
+    for variant in dict.fromkeys(draft_variant(f) for f in draft_families):  # once per draft form
+        progress(f"{variant.label} C_D")
+        c_draft[variant.label] = measure_model(drafts.lm(variant), context, [1, 2], settings.repeats).step
     t_lm.reset()
 
-    def calibrate(method: Method | None) -> Calibration:
-        runs = [generate(target, p, drafter=None if method is None else build_proposer(method, drafts),
-                         max_new_tokens=settings.tokens).stats for p in prompts]
-        return Calibration.from_stats(runs)
-
+    calibrate = _calibrator(target, drafts, prompts, settings.tokens)
     progress(f"plain decoding on {len(prompts)} calibration prompts")
     plain = calibrate(None)
-    measured = {}
-    if saved is not None:
-        for family in families:
-            if family.label in saved.calibration:
-                measured[family] = (c_draft.get(family.label, 0.0),
-                                    Calibration.from_record(saved.calibration[family.label], plain.overhead_per_round))
-        if not measured:
-            raise SpecdecError(f"the acceptance file has no calibration of {', '.join(f.label for f in families)}")
-    else:
-        for family in families:
+
+    def measure(family: Method) -> tuple[float, Calibration] | None:
+        cost = c_draft.get(draft_variant(family).label, 0.0) if family.uses_draft else 0.0
+        if saved is None:
             progress(f"{family.label} proposer, k={settings.calibration_k}")
-            measured[family] = (c_draft.get(family.label, 0.0), calibrate(replace(family, k=settings.calibration_k)))
+            return cost, calibrate(replace(family, k=settings.calibration_k))
+        if family.label in saved.calibration:
+            return cost, Calibration.from_record(saved.calibration[family.label], plain.overhead_per_round)
+        return None
+
+    measured = {f: m for f in families if (m := measure(f)) is not None}
+    # The hybrid over the draft form the cost model ranks first; from a saved run, the hybrids it
+    # measured (its ranking came from its own costs).
+    for family in _hybrids(t_costs.step, verify, plain.overhead_per_round, measured, settings.k_max, saved is None):
+        if (hybrid := measure(family)) is not None:
+            measured[family] = hybrid
+    if saved is not None and not measured:
+        raise SpecdecError(f"the acceptance file has no calibration of {', '.join(f.label for f in families)}")
 
     verdicts, choice = recommend(t_costs.step, verify, plain.overhead_per_round, measured, settings.k_max)
+    confirmed = []
+    top = ranking(verdicts, list(measured))[: settings.confirm]
+    if saved is None and top:
+        confirmed = confirm(target, drafts, top, prompts, settings.tokens, progress)
+        choice = confirmed_choice(confirmed, MIN_GAIN)
     models = {"target": target} | ({"draft": drafts.model(draft_families[0].draft_variant)} if draft_families else {})
     return Advice(
         settings=asdict(settings), device=str(target.device), dtype=str(target.dtype).removeprefix("torch."),
@@ -177,4 +184,50 @@ def run_advise(target, drafts, families: list[Method], tokenizer, settings: Advi
         memory={name: {"weights": weight_bytes(m), "kv_cache": kv_bytes(m, settings.context)}
                 for name, m in models.items()},
         acceptance_from="saved" if saved is not None else "measured",
+        confirmed=confirmed, not_ranked=dict(NOT_RANKED),
     )
+
+
+def _hybrids(c_target: float, verify: dict[int, float], overhead: float,
+             measured: dict[Method, tuple[float, Calibration]], k_max: int, best_only: bool) -> list[Method]:
+    """The hybrids to measure: over the best draft form by prediction, or over every one."""
+    from .candidates import hybrid_of
+
+    drafts = {f: m for f, m in measured.items() if f.uses_draft}
+    if not drafts or not best_only:
+        return [hybrid_of(f) for f in drafts]
+    verdicts, _ = recommend(c_target, verify, overhead, drafts, k_max)
+    return [hybrid_of(max(drafts, key=lambda f: verdicts[f.label].speedup or 0.0))]
+
+
+def _context(target, tokenizer, length: int):
+    """The context the costs are timed at: text, or random ids for random weights (the values
+    of the context's tokens cost nothing)."""
+    import torch
+
+    from ..models.load import logit_width
+    from ..prompts.long import long_prompt
+
+    if tokenizer is None:
+        ids = torch.randint(logit_width(target), (length,), generator=torch.Generator().manual_seed(0))
+    else:
+        ids = torch.tensor(long_prompt(tokenizer, length))
+    return ids.to(target.device)
+
+
+def _calibrator(target, drafts, prompts: list[list[int]], tokens: int) -> Callable[[Method | None], Calibration]:
+    """Greedy generations of a method (None: plain decoding) on the calibration prompts, pooled;
+    a hybrid's count of draft rounds goes with them (its round cost depends on their share)."""
+    from ..decode.engine import generate
+    from ..methods.build import build_proposer
+
+    def calibrate(method: Method | None) -> Calibration:
+        runs, drafted = [], 0
+        for prompt in prompts:
+            proposer = None if method is None else build_proposer(method, drafts)
+            runs.append(generate(target, prompt, drafter=proposer, max_new_tokens=tokens).stats)
+            drafted += getattr(proposer, "draft_rounds", 0)
+        hybrid = method is not None and method.kind == "hybrid"
+        return Calibration.from_stats(runs, drafted if hybrid else None)
+
+    return calibrate

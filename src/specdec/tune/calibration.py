@@ -21,9 +21,12 @@ class Calibration:
     propose_per_round: float  # seconds
     overhead_per_round: float  # seconds outside propose and verify
     tokens_per_s: float
+    draft_share: float = 1.0  # rounds in which the draft model proposed, of all rounds (hybrid)
 
     @classmethod
-    def from_stats(cls, stats: Sequence[GenerationStats]) -> Calibration:
+    def from_stats(cls, stats: Sequence[GenerationStats], draft_rounds: int | None = None) -> Calibration:
+        """Pooled over generations; `draft_rounds`: of their rounds, those the draft proposed
+        (a hybrid's count; None: every round, or no draft)."""
         judged = _sum_lists([s.position_judged for s in stats])
         accepted = _sum_lists([s.position_accepted for s in stats])
         accepted += [0] * (len(judged) - len(accepted))  # positions judged but never accepted
@@ -42,6 +45,7 @@ class Calibration:
             propose_per_round=sum(s.times["propose"] for s in stats) / rounds,
             overhead_per_round=sum(s.times["accept"] + s.times["other"] for s in stats) / rounds,
             tokens_per_s=sum(s.new_tokens - 1 for s in stats) / decode if decode else 0.0,
+            draft_share=1.0 if draft_rounds is None else min(1.0, draft_rounds / rounds),
         )
 
     @classmethod
@@ -55,6 +59,7 @@ class Calibration:
             propose_per_round=saved.propose_per_round,
             overhead_per_round=overhead_per_round,
             tokens_per_s=0.0,
+            draft_share=saved.draft_share,
         )
 
     def record(self) -> Calibrated:
@@ -62,7 +67,7 @@ class Calibration:
             rates=self.acceptance.rates, hit_rate=self.acceptance.hit_rate, histogram=tuple(self.histogram),
             acceptance_rate=self.acceptance_rate, propose_per_round=self.propose_per_round,
             tokens_per_s=self.tokens_per_s, expected_tokens_measured=self.acceptance.expected_tokens,
-            expected_tokens_iid=self._iid_tokens(),
+            expected_tokens_iid=self._iid_tokens(), draft_share=self.draft_share,
         )
 
     def _iid_tokens(self) -> float | None:

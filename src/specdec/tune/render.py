@@ -25,8 +25,10 @@ def _share(bw: dict) -> str:
 
 def render(advice: Advice) -> str:
     bw = advice.bandwidth
+    target = (advice.environment.get("quant") or {})
+    form = f", target {target['target']} ({target.get('target_reason', 'as --target-quant says')})" if target else ""
     lines = [
-        f"specdec advise: {advice.dtype} on {advice.device}, context {advice.settings['context']} tokens",
+        f"specdec advise: {advice.dtype} on {advice.device}, context {advice.settings['context']} tokens{form}",
         "",
         f"1. {BOUND_TEXT[bw['bound']]}: a target step reads {bw['bytes_per_step'] / GIB:.2f} GiB in "
         f"{advice.c_target * 1e3:.0f} ms = {bw['bytes_per_s'] / 1e9:.1f} GB/s, "
@@ -57,10 +59,35 @@ def render(advice: Advice) -> str:
             continue
         curve = ", ".join(f"k={k}: {s:.2f}" for k, s in p.speedup_by_k.items() if k <= 8)
         lines.append(f"   {name}: best k={p.k} -> {p.speedup:.2f}x ({curve}); {p.reason}")
+    lines += _confirmed(advice) + _llamacpp(advice.llamacpp)
+    if advice.not_ranked:
+        lines.append("Not ranked: " + "; ".join(f"{name}: {why}" for name, why in advice.not_ranked.items()))
     choice = advice.choice
     if parse(choice.method).kind == "ar":
         lines.append(f"Recommendation: speculation does not pay here (no proposer reaches {MIN_GAIN:.2f}x); "
                      "use plain decoding (--proposer none).")
     else:
-        lines.append(f"Recommendation: --proposer {choice.method} (predicted {choice.predicted_speedup:.2f}x).")
+        measured = f", measured {choice.measured_speedup:.2f}x" if choice.measured_speedup else ""
+        lines.append(f"Recommendation: --proposer {choice.method} (predicted {choice.predicted_speedup:.2f}x{measured}"
+                     f"{'; ' + choice.reason if choice.reason else ''}).")
     return "\n".join(lines)
+
+
+def _confirmed(advice: Advice) -> list[str]:
+    if not advice.confirmed:
+        return []
+    lines = ["7. Confirmed, paired with plain decoding on the calibration prompts (predicted -> measured):"]
+    for c in advice.confirmed:
+        lines.append(f"   {c.method}: {c.predicted_speedup:.2f}x -> {c.measured_speedup:.2f}x "
+                     f"({c.tokens_per_s:.2f} against {c.plain_tokens_per_s:.2f} tok/s, {c.prompts} prompts x {c.tokens} tokens)")
+    return lines
+
+
+def _llamacpp(record: dict) -> list[str]:
+    if "not_timed" in record:
+        return [f"llama.cpp: not timed ({record['not_timed']})."]
+    if not record.get("tokens_per_s"):
+        return []
+    return [f"llama.cpp's plain decoding of {record['gguf']}: {record['tokens_per_s']:.2f} tok/s; specdec's plain "
+            f"decoding {record['plain_over_llamacpp']:.2f}x it, the choice {record['choice_over_llamacpp']:.2f}x "
+            f"({record['choice_from']})."]

@@ -1,0 +1,152 @@
+"""What runs by default (issue 25): the candidates advise ranks, the target form auto picks, the
+paired confirmation's choice, llama.cpp's comparison, and older advice records."""
+
+import pytest
+
+from specdec.cost.model import Acceptance, Costs, predicted_speedup
+from specdec.methods.spec import Method, parse
+from specdec.models import target_form
+from specdec.models.target_form import choose_form
+from specdec.tune.advice import Advice, Choice, Confirmed
+from specdec.tune.advise import MIN_GAIN, ranking, recommend
+from specdec.tune.calibration import Calibration
+from specdec.tune.candidates import HEAD, candidates, hybrid_of
+from specdec.tune.confirm import confirmed_choice
+from specdec.tune.versus import against_llamacpp, llamacpp_available
+
+TARGET = "qwen2.5-coder-1.5b-instruct"
+
+
+def labels(methods):
+    return [m.label for m in methods]
+
+
+def test_candidates_cover_every_draft_form_and_lookup():
+    assert labels(candidates(True, "cpu", vocab_size=151936)) == [
+        "draft", "draft:quant=int8", "draft:quant=int4", "draft:quant=int4:vocab=32768", "lookup:ngram=3"]
+    # a small vocabulary gains nothing from a restricted head; a GPU runs the dense draft only
+    assert labels(candidates(True, "cpu", vocab_size=HEAD)) == [
+        "draft", "draft:quant=int8", "draft:quant=int4", "lookup:ngram=3"]
+    assert labels(candidates(True, "cuda", vocab_size=151936)) == ["draft", "draft:vocab=32768", "lookup:ngram=3"]
+    # given options are fixed; quick keeps the dense and the cheapest form
+    assert labels(candidates(True, "cpu", "int8", 1000, 151936)) == ["draft:quant=int8:vocab=1000", "lookup:ngram=3"]
+    assert labels(candidates(True, "cpu", vocab_size=151936, quick=True)) == ["draft", "draft:quant=int4", "lookup:ngram=3"]
+    assert labels(candidates(False, "cpu", vocab_size=151936)) == ["lookup:ngram=3"]
+    assert hybrid_of(Method("draft", quant="int4", vocab=HEAD)).label == "hybrid:ngram=3:quant=int4:vocab=32768"
+
+
+def calibration(rates, hit=1.0, share=1.0):
+    return Calibration(Acceptance(tuple(rates), hit), [], 0.5, 0.0, 0.0, 0.0, draft_share=share)
+
+
+def test_a_hybrid_round_pays_its_draft_only_in_draft_rounds():
+    verify = {k: 0.1 + 0.01 * k for k in range(1, 7)}
+    cal = calibration([0.8] * 4, share=0.25)
+    per, _ = recommend(0.1, verify, 0.0, {Method("hybrid", ngram=3): (0.04, cal)}, 6)
+    expected = predicted_speedup(Costs(0.1, 0.01, verify), cal.acceptance, 3)
+    assert per["hybrid:ngram=3"].speedup_by_k[3] == pytest.approx(expected)
+    # the same acceptance with a draft in every round is slower
+    as_draft, _ = recommend(0.1, verify, 0.0, {Method("draft"): (0.04, calibration([0.8] * 4))}, 6)
+    assert as_draft["draft"].speedup_by_k[3] < per["hybrid:ngram=3"].speedup_by_k[3]
+
+
+def test_ranking_orders_the_paying_families_at_their_best_k():
+    verify = {k: 0.1 + 0.005 * k for k in range(1, 7)}
+    families = {Method("draft"): (0.03, calibration([0.9] * 4)), Method("draft", quant="int4"): (0.01, calibration([0.85] * 4)),
+                Method("lookup", ngram=3): (0.0, calibration([0.0] * 4, hit=0.1))}
+    per, choice = recommend(0.1, verify, 0.0, families, 6)
+    top = ranking(per, list(families))
+    assert [m.family().label for m, _ in top] == ["draft:quant=int4", "draft"]  # lookup never pays here
+    assert [s for _, s in top] == sorted((s for _, s in top), reverse=True)
+    assert top[0][0].k == per["draft:quant=int4"].k and choice.method == top[0][0].label
+
+
+def confirmed(method, predicted, measured):
+    return Confirmed(method, predicted, measured, 10.0 * measured, 10.0, 4, 48)
+
+
+def test_the_choice_is_the_fastest_as_measured():
+    runs = [confirmed("draft:k=3:quant=int4", 2.0, 1.4), confirmed("hybrid:k=3:quant=int4", 1.9, 1.6)]
+    choice = confirmed_choice(runs, MIN_GAIN)
+    assert (choice.method, choice.predicted_speedup, choice.measured_speedup) == ("hybrid:k=3:quant=int4", 1.9, 1.6)
+    slow = confirmed_choice([confirmed("lookup:k=2:ngram=3", 1.2, 0.9)], MIN_GAIN)
+    assert slow.method == "ar" and slow.measured_speedup is None and "0.90x" in slow.reason
+
+
+@pytest.mark.parametrize("path, device, form", [("avx512-vnni", "cpu", "int4"), ("avx2", "cpu", "int4"),
+                                                ("portable", "cpu", "none"), (None, "cuda", "none")])
+def test_target_auto_picks_int4_where_the_kernels_run(monkeypatch, path, device, form):
+    monkeypatch.setattr(target_form, "kernel_path", lambda d: path)
+    chosen = choose_form("auto", TARGET, device)
+    assert chosen.quant == form and chosen.reason.startswith("auto:")
+    assert choose_form("none", TARGET, device).quant == "none"  # explicit wins
+    assert choose_form("int8", TARGET, device).reason == "as --target-quant says"
+    assert choose_form("auto", "/some/folder", device).quant == "none"  # a folder ships dense
+
+
+def test_kernel_path_is_none_off_the_cpu():
+    assert target_form.kernel_path("cuda:0") is None
+
+
+def test_llamacpp_against_the_choice():
+    record = {"gguf": "x.gguf", "tokens_per_s": 20.0}
+    measured = against_llamacpp(record, 10.0, Choice("hybrid:k=3", 2.5, 2.4))
+    assert measured["plain_over_llamacpp"] == 0.5 and measured["choice_over_llamacpp"] == pytest.approx(1.2)
+    assert measured["choice_from"] == "measured"
+    predicted = against_llamacpp(record, 10.0, Choice("hybrid:k=3", 2.5))
+    assert predicted["choice_over_llamacpp"] == pytest.approx(1.25) and predicted["choice_from"] == "predicted"
+    assert llamacpp_available("/some/folder") in ("the target is a local folder: no GGUF of it to run",
+                                                  "llama-cpp-python is not installed (bash scripts/setup_llamacpp.sh)")
+
+
+VERSION_2 = {
+    "version": 2, "settings": {"context": 512}, "device": "cpu", "dtype": "bfloat16", "c_target": 0.1,
+    "verify": {"1": 0.11}, "c_draft": {"draft:quant=int8": 0.02},
+    "calibration": {"draft:quant=int8": {"rates": [0.8, 0.7], "hit_rate": 1.0}},
+    "proposers": {"draft:quant=int8": {"k": 2, "speedup": 1.6, "reason": "r", "speedup_by_k": {"1": 1.3, "2": 1.6}}},
+    "choice": {"method": "draft:k=2:quant=int8", "predicted_speedup": 1.6},
+}
+
+
+def test_older_advice_records_still_load():
+    old = Advice.from_json(VERSION_2)
+    assert old.choice == Choice("draft:k=2:quant=int8", 1.6) and old.confirmed == [] and old.not_ranked == {}
+    assert old.calibration["draft:quant=int8"].draft_share == 1.0 and old.proposers["draft:quant=int8"].speedup_by_k[2] == 1.6
+    with pytest.raises(ValueError, match="reads 1 to 3"):
+        Advice.from_json(VERSION_2 | {"version": 9})
+
+
+def test_a_version_3_record_round_trips():
+    record = Advice.from_json(VERSION_2)
+    from dataclasses import replace
+
+    new = replace(record, confirmed=[confirmed("draft:k=2:quant=int8", 1.6, 1.5)],
+                  choice=Choice("draft:k=2:quant=int8", 1.6, 1.5, "measured"), llamacpp={"tokens_per_s": 9.0})
+    data = new.to_json()
+    assert data["version"] == 3 and Advice.from_json(data) == new
+    assert parse(Advice.from_json(data).choice.method).quant == "int8"
+
+
+def test_confirm_runs_each_method_paired_with_plain_decoding(target, monkeypatch):
+    """confirm() alternates plain and method per prompt (A-B, then B-A) after a discarded warm-up,
+    and its measured speedup is the pooled tokens/s ratio of the two sides."""
+    from specdec.decode import engine
+    from specdec.methods.build import Drafts
+    from specdec.tune import confirm as confirm_module
+
+    calls = []
+    real = engine.generate
+
+    def recording(model, prompt, drafter=None, max_new_tokens=0, **kw):
+        calls.append(("plain" if drafter is None else "method", len(prompt), max_new_tokens))
+        return real(model, prompt, drafter=drafter, max_new_tokens=max_new_tokens, **kw)
+
+    monkeypatch.setattr(engine, "generate", recording)
+    prompts = [[1, 2, 3, 1, 2, 3, 1, 2], [4, 5, 6, 4, 5, 6, 4]]
+    [done] = confirm_module.confirm(target, Drafts(None), [(parse("lookup:k=2:ngram=2"), 1.3)], prompts, 6)
+    warm = confirm_module.WARMUP_TOKENS
+    assert calls == [("plain", 8, warm), ("method", 8, warm),
+                     ("plain", 8, 6), ("method", 8, 6), ("method", 7, 6), ("plain", 7, 6)]
+    assert (done.method, done.predicted_speedup, done.prompts, done.tokens) == ("lookup:k=2:ngram=2", 1.3, 2, 6)
+    assert done.tokens_per_s > 0 and done.plain_tokens_per_s > 0
+    assert done.measured_speedup == pytest.approx(done.tokens_per_s / done.plain_tokens_per_s)
