@@ -55,7 +55,8 @@ def joined(paths: list[Path]) -> bytes:
 
 
 def leftovers(folder: Path) -> list[str]:
-    return sorted(p.name for p in folder.iterdir()) if folder.exists() else []
+    """What a run left in the cache, but its lock files (empty, kept for the next run)."""
+    return sorted(p.name for p in folder.iterdir() if not p.name.startswith(".lock-")) if folder.exists() else []
 
 
 def test_assembly_concatenates_pieces_in_order(cache, pieces):
@@ -118,16 +119,43 @@ def fake_converter(calls):
     return convert
 
 
-def test_conversion_flow_caches_and_deletes_the_assembled_file(cache, pieces, monkeypatch):
+def test_conversion_flow_caches_and_keeps_the_assembled_file(cache, pieces, monkeypatch):
     spec = fake_spec(joined(pieces))
     calls = []
     monkeypatch.setattr(registry, "_piece_paths", lambda s: pieces)
     monkeypatch.setattr(registry, "_convert", fake_converter(calls))
     assert registry.converted_folder(spec) == cache / "fake-model"
     assert calls == [joined(pieces)]
-    assert leftovers(cache) == ["fake-model"]
+    # the GGUF stays: the native runtime, the quantized caches and llama.cpp read it
+    assert leftovers(cache) == ["fake-model", "fake-model.gguf", "fake-model.gguf.verified.json"]
     registry.converted_folder(spec)
     assert len(calls) == 1
+
+
+def test_concurrent_conversions_convert_once(cache, pieces, monkeypatch):
+    """Two runs asking for the same model at once (two test workers on a cold cache): one
+    converts, the other waits for its lock and finds the folder; nobody reads a GGUF being removed."""
+    import threading
+    import time
+
+    spec = fake_spec(joined(pieces))
+    calls = []
+    slow = fake_converter(calls)
+
+    def convert(spec, gguf, final):
+        time.sleep(0.3)  # long enough for the second run to arrive while the first converts
+        assert gguf.is_file()
+        slow(spec, gguf, final)
+
+    monkeypatch.setattr(registry, "_piece_paths", lambda s: pieces)
+    monkeypatch.setattr(registry, "_convert", convert)
+    results = []
+    runs = [threading.Thread(target=lambda: results.append(registry.converted_folder(spec))) for _ in range(2)]
+    for run in runs:
+        run.start()
+    for run in runs:
+        run.join()
+    assert results == [cache / "fake-model"] * 2 and len(calls) == 1
 
 
 def test_stale_temps_of_dead_runs_are_removed(cache, pieces, monkeypatch):

@@ -5,6 +5,7 @@ outright are removed by the next run."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
@@ -54,6 +55,18 @@ def _pid_alive(pid: int) -> bool:
     except PermissionError:
         pass  # it exists, under another user
     return True
+
+
+@contextmanager
+def exclusive(folder: Path, name: str) -> Iterator[None]:
+    """Hold `folder`'s lock called `name` against every other process (test workers, parallel
+    runs): one of them builds a cache entry while the others wait and then find it built. The
+    kernel drops the lock when its holder ends, however it ends. Not reentrant: a process that
+    holds a lock must not take the same one again."""
+    ensure_writable(folder)
+    with open(folder / f".lock-{name}", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 @contextmanager

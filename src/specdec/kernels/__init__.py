@@ -10,7 +10,6 @@ OpenMP runtime torch already loaded (libgomp.so.1), so its threads are torch's t
 from __future__ import annotations
 
 import ctypes
-import fcntl
 import hashlib
 import os
 import shutil
@@ -23,7 +22,7 @@ from pathlib import Path
 import torch
 
 from ..errors import SpecdecError
-from ..files import cache_root
+from ..files import cache_root, exclusive
 from ..quant.weights import Q4_GROUP, Q8_GROUP, SUPER, Q4Weight, Q8Weight
 
 SOURCE = Path(__file__).with_name("qgemm.cpp")
@@ -64,9 +63,7 @@ def library_path(march: str = "native", source: Path | None = None) -> Path:
     path = folder / f"{source.stem}-{key.hexdigest()[:16]}.so"
     if path.exists():
         return path
-    folder.mkdir(parents=True, exist_ok=True)
-    with open(folder / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # one build at a time (test workers, parallel runs)
+    with exclusive(folder, "build"):  # one build at a time (test workers, parallel runs)
         if not path.exists():
             print("specdec: compiling the int8/int4 kernels for this CPU (seconds, once)", file=sys.stderr)
             tmp = path.with_suffix(f".tmp{os.getpid()}")

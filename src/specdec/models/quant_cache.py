@@ -28,7 +28,7 @@ import torch
 from transformers import PreTrainedModel
 
 from ..errors import SpecdecError
-from ..files import cache_root, ensure_writable, remove, remove_stale_temps, scratch
+from ..files import cache_root, exclusive, remove, remove_stale_temps, scratch
 from ..forward import PREPARED_FIX, is_prepared
 from ..quant import MODES
 from ..quant.weights import INT4_GROUPS, fits, q8_rtn
@@ -104,27 +104,32 @@ def cached(folder: Path, key: dict, make: Callable[[], Quantized]) -> Quantized:
     """The weights saved in `folder` if its marker matches `key`, else make(), saved there first
     (under a temporary name, renamed into place when complete)."""
     if is_complete(folder, key):
-        try:
-            return load(folder / WEIGHTS)
-        except Exception as err:  # safetensors raises its own error types for a damaged file
-            raise SpecdecError(f"the quantized cache {folder} is corrupt ({err}); delete that folder and "
-                               "it is converted again") from err
+        return _load_saved(folder)
     root = folder.parent
-    ensure_writable(root)
-    remove_stale_temps(root)
-    if folder.exists():
-        print(f"specdec: {folder} is incomplete or from another source or version; converting again",
-              file=sys.stderr)
-    weights = make()
-    with scratch(root, "") as tmp:
-        tmp.mkdir()
-        save(weights, tmp / WEIGHTS, key)
-        marker = {**key, "weights_bytes": (tmp / WEIGHTS).stat().st_size}
-        (tmp / COMPLETE_MARKER).write_text(json.dumps(marker, indent=1))
-        if not is_complete(folder, key):  # a concurrent run may have published first; keep its folder
+    with exclusive(root, folder.name):  # one process quantizes, the others wait and load its folder
+        if is_complete(folder, key):  # another process made it while this one waited
+            return _load_saved(folder)
+        remove_stale_temps(root)
+        if folder.exists():
+            print(f"specdec: {folder} is incomplete or from another source or version; converting again",
+                  file=sys.stderr)
+        weights = make()
+        with scratch(root, "") as tmp:
+            tmp.mkdir()
+            save(weights, tmp / WEIGHTS, key)
+            marker = {**key, "weights_bytes": (tmp / WEIGHTS).stat().st_size}
+            (tmp / COMPLETE_MARKER).write_text(json.dumps(marker, indent=1))
             remove(folder)
             os.replace(tmp, folder)
     return weights
+
+
+def _load_saved(folder: Path) -> Quantized:
+    try:
+        return load(folder / WEIGHTS)
+    except Exception as err:  # safetensors raises its own error types for a damaged file
+        raise SpecdecError(f"the quantized cache {folder} is corrupt ({err}); delete that folder and "
+                           "it is converted again") from err
 
 
 def is_complete(folder: Path, key: dict) -> bool:

@@ -22,7 +22,7 @@ from tqdm import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
 from ..errors import SpecdecError
-from ..files import cache_root, ensure_writable, remove, remove_stale_temps, scratch
+from ..files import cache_root, exclusive, remove, remove_stale_temps, scratch
 
 COMPLETE_MARKER = "specdec-complete.json"
 _CHUNK = 8 << 20
@@ -103,15 +103,13 @@ def converted_folder(spec: ModelSpec) -> Path:
     final = cache / spec.name
     if _is_complete(final, spec):
         return final
-    ensure_writable(cache)
-    remove_stale_temps(cache)
-    kept = _assembled_path(spec, cache).is_file()  # gguf_file() keeps it for llama.cpp: leave it
-    gguf = _whole_gguf(spec, cache)
-    _convert(spec, gguf, final)
-    if not spec.file_in_package and not kept:
-        # The conversion holds everything; the assembled GGUF would only take another GB of disk.
-        remove(gguf)
-        remove(_verified_marker(gguf))
+    # One process converts (about 6 GB of memory for the 1.5B model); the others wait for its
+    # folder. The assembled GGUF stays: the native runtime, the quantized caches and llama.cpp
+    # read it, and a process may be reading it now.
+    with exclusive(cache, spec.name):
+        if not _is_complete(final, spec):
+            remove_stale_temps(cache)
+            _convert(spec, _whole_gguf(spec, cache), final)
     return final
 
 
@@ -122,9 +120,9 @@ def gguf_file(name: str) -> Path:
     if spec is None:
         raise SpecdecError(f"unknown model {name!r}: GGUF files exist for {', '.join(known_models())}")
     cache = cache_root()
-    ensure_writable(cache)
-    remove_stale_temps(cache)
-    return _whole_gguf(spec, cache)
+    with exclusive(cache, spec.name):
+        remove_stale_temps(cache)
+        return _whole_gguf(spec, cache)
 
 
 def _whole_gguf(spec: ModelSpec, cache: Path) -> Path:
