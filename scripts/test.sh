@@ -4,6 +4,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-# Two workers, one file each at a time (a module's fixtures load once; the files that load the
-# 1.5B pair are one file, so two copies never meet in memory). SPECDEC_TEST_WORKERS=0: one process.
-.venv/bin/python -m pytest -q -n "${SPECDEC_TEST_WORKERS:-2}" --dist loadfile "$@"
+# Two workers: the tests marked `real` in one of them, one after another (tests/conftest.py puts
+# them in one xdist group: two of their files at once need more than 24 GB), the tiny-model tests
+# spread over both. A worker that dies (the kernel's OOM killer) ends the run with an error
+# instead of being replaced: a replaced worker has left pytest-xdist waiting forever.
+# SPECDEC_TEST_WORKERS=0: one process.
+.venv/bin/python -m pytest -q -n "${SPECDEC_TEST_WORKERS:-2}" --dist loadgroup --max-worker-restart=0 "$@"
