@@ -105,7 +105,7 @@ def test_a_partial_or_foreign_cache_is_converted_again_and_a_damaged_one_refused
     assert len(calls) == 5
     size = (folder / qcache.WEIGHTS).stat().st_size
     (folder / qcache.WEIGHTS).write_bytes(b"\xff" * size)  # same size, garbage
-    with pytest.raises(SpecdecError, match="is corrupt.*delete that folder"):
+    with pytest.raises(SpecdecError, match="corrupt.*delete that folder"):
         cached(folder, key, make)
 
 

@@ -140,6 +140,34 @@ def test_cache_after_trims_and_prefix_reuse(pair):
     assert lm.calls == 1
 
 
+def test_saved_source_weights_load_back_bit_for_bit(tmp_path):
+    """The model cache's copy of a registry model's native weights (runtime.load) is what was
+    read: every code, scale, float tensor and form note the same."""
+    from dataclasses import fields
+
+    from specdec.models.quant_cache import cached
+    from specdec.runtime.source import load_source, save_source
+
+    model = tiny("qwen2")
+    made = []
+    source = read_model(model, decoder_config(model.config), "int4")
+    key = {"name": "tiny", "mode": "int4", "format": 1}
+    make = lambda: made.append(1) or source
+    cached(tmp_path / "tiny-native-int4", key, make, save_source, load_source)
+    back = cached(tmp_path / "tiny-native-int4", key, make, save_source, load_source)
+    assert made == [1] and back is not source
+    assert back.forms == source.forms and back.origin == source.origin
+    assert back.dense.keys() == source.dense.keys()
+    assert all(torch.equal(back.dense[n], source.dense[n]) for n in source.dense)
+    assert back.linears.keys() == source.linears.keys()
+    for name, w in source.linears.items():
+        saved = back.linears[name]
+        assert type(saved) is type(w)
+        for f in fields(w):
+            a, b = getattr(w, f.name), getattr(saved, f.name)
+            assert torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b, (name, f.name)
+
+
 def test_capacity_and_refused_configs():
     lm = load_model(tiny(), "int4", capacity=16)
     assert lm.max_positions == 16

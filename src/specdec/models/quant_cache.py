@@ -23,6 +23,7 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 from transformers import PreTrainedModel
@@ -36,6 +37,7 @@ from .quantized import FORMAT, Quantized, install, load, quantize_weights, save
 from .registry import COMPLETE_MARKER, REGISTRY, ModelSpec, converted_folder, gguf_file
 
 WEIGHTS = "weights.safetensors"
+T = TypeVar("T")
 GGUF_GROUP = 32  # Q4_K blocks are groups of 32
 
 
@@ -100,36 +102,38 @@ def registry_weights(spec: ModelSpec, mode: str) -> Quantized:
     return cached(folder, key, convert)
 
 
-def cached(folder: Path, key: dict, make: Callable[[], Quantized]) -> Quantized:
-    """The weights saved in `folder` if its marker matches `key`, else make(), saved there first
-    (under a temporary name, renamed into place when complete)."""
+def cached(folder: Path, key: dict, make: Callable[[], T], write: Callable[[T, Path, dict], None] = save,
+           read: Callable[[Path], T] = load) -> T:
+    """What `folder` holds if its marker matches `key`, else make(), saved there first (under a
+    temporary name, renamed into place when complete). `write(value, file, key)` and
+    `read(file)`: how the value goes to and from its one file (default: Quantized weights)."""
     if is_complete(folder, key):
-        return _load_saved(folder)
+        return _read_saved(folder, read)
     root = folder.parent
-    with exclusive(root, folder.name):  # one process quantizes, the others wait and load its folder
+    with exclusive(root, folder.name):  # one process converts, the others wait and read its folder
         if is_complete(folder, key):  # another process made it while this one waited
-            return _load_saved(folder)
+            return _read_saved(folder, read)
         remove_stale_temps(root)
         if folder.exists():
             print(f"specdec: {folder} is incomplete or from another source or version; converting again",
                   file=sys.stderr)
-        weights = make()
+        value = make()
         with scratch(root, "") as tmp:
             tmp.mkdir()
-            save(weights, tmp / WEIGHTS, key)
+            write(value, tmp / WEIGHTS, key)
             marker = {**key, "weights_bytes": (tmp / WEIGHTS).stat().st_size}
             (tmp / COMPLETE_MARKER).write_text(json.dumps(marker, indent=1))
             remove(folder)
             os.replace(tmp, folder)
-    return weights
+    return value
 
 
-def _load_saved(folder: Path) -> Quantized:
+def _read_saved(folder: Path, read: Callable[[Path], T]) -> T:
     try:
-        return load(folder / WEIGHTS)
+        return read(folder / WEIGHTS)
     except Exception as err:  # safetensors raises its own error types for a damaged file
-        raise SpecdecError(f"the quantized cache {folder} is corrupt ({err}); delete that folder and "
-                           "it is converted again") from err
+        raise SpecdecError(f"the cached weights in {folder} are corrupt ({err}); delete that folder and "
+                           "they are converted again") from err
 
 
 def is_complete(folder: Path, key: dict) -> bool:

@@ -108,8 +108,8 @@ def _shared_groups(model: PreTrainedModel, weights: Quantized) -> list[tuple[lis
     return out
 
 
-def save(weights: Quantized, path: Path, description: dict) -> None:
-    """Write `weights` to one safetensors file (4-bit codes two to a byte)."""
+def to_tensors(weights: Quantized) -> dict[str, torch.Tensor]:
+    """`weights` as named tensors for a safetensors file (4-bit codes two to a byte)."""
     tensors: dict[str, torch.Tensor] = {}
     for name, w in weights.items():
         if isinstance(w, Q4Weight):
@@ -120,12 +120,11 @@ def save(weights: Quantized, path: Path, description: dict) -> None:
         else:
             tensors |= {f"{name}.q8_codes": w.codes, f"{name}.q8_sub_scales": w.sub_scales,
                         f"{name}.q8_scales": w.scales, f"{name}.q8_zero": torch.tensor(w.zero)}
-    save_file({k: v.contiguous() for k, v in tensors.items()}, str(path),
-              metadata={"format": str(FORMAT), "description": json.dumps(description)})
+    return {k: v.contiguous() for k, v in tensors.items()}
 
 
-def load(path: Path) -> Quantized:
-    tensors = load_file(str(path))
+def from_tensors(tensors: dict[str, torch.Tensor]) -> Quantized:
+    """The weights to_tensors wrote; other tensors in the file are left alone."""
     out: Quantized = {}
     for key in tensors:
         name, _, field = key.rpartition(".")
@@ -138,6 +137,15 @@ def load(path: Path) -> Quantized:
         elif field == "q8_codes":
             out[name] = Q8Weight(tensors[key], get("q8_sub_scales"), get("q8_scales"), int(get("q8_zero")))
     return out
+
+
+def save(weights: Quantized, path: Path, description: dict) -> None:
+    """Write `weights` to one safetensors file."""
+    save_file(to_tensors(weights), str(path), metadata={"format": str(FORMAT), "description": json.dumps(description)})
+
+
+def load(path: Path) -> Quantized:
+    return from_tensors(load_file(str(path)))
 
 
 def _rotary_heads(model: PreTrainedModel) -> dict[str, int]:

@@ -16,9 +16,10 @@ from ..quant import MODES
 from .config import decoder_config, rotary_tables
 from .lm import NativeLM
 from .native import Decoder
-from .source import SourceWeights, read_gguf, read_model
+from .source import SourceWeights, load_source, read_gguf, read_model, save_source
 from .weights import build
 
+SOURCE_FORMAT = 1  # version of what save_source writes and of read_gguf's forms
 CAPACITY = 4096  # cache slots by default: 28 layers x 256 floats x 2 x 4 B = 235 MiB for the 1.5B target
 
 
@@ -45,7 +46,7 @@ def load_registry(name: str, mode: str = "int4", capacity: int = CAPACITY,
     """A registry model from its GGUF in `mode` ("int4": Q4_K/Q4_1 exact, Q6_K exact as Q8,
     other types rounded; "int8": Q6_K exact, the rest rounded to Q8). `head_ids`: score only
     these token ids (a restricted draft head, sorted; specdec.models.draft_head.frequent_tokens)."""
-    from ..models.registry import REGISTRY, converted_folder, gguf_file
+    from ..models.registry import REGISTRY, converted_folder
 
     _check_mode(mode)
     if name not in REGISTRY:
@@ -54,10 +55,26 @@ def load_registry(name: str, mode: str = "int4", capacity: int = CAPACITY,
     config = AutoConfig.from_pretrained(folder)
     cfg = decoder_config(config)  # refuse before reading the weights
     began = time.perf_counter()
-    source = read_gguf(gguf_file(name), cfg, mode)
+    source = _registry_source(name, cfg, mode)
     lm = _assemble(config, source, mode, capacity, head_ids, _eos(GenerationConfig.from_pretrained(folder)))
     print(f"specdec: {name} on the native runtime ({mode}, {time.perf_counter() - began:.1f} s)", file=sys.stderr)
     return lm
+
+
+def _registry_source(name: str, cfg, mode: str) -> SourceWeights:
+    """The weights of a registry model in `mode`, read from its GGUF once and kept in the model
+    cache as `<cache>/<name>-native-<mode>/` (keyed by the GGUF's sha256, the mode and SOURCE_FORMAT)."""
+    from ..files import cache_root
+    from ..models.quant_cache import cached
+    from ..models.registry import REGISTRY, gguf_file
+
+    def read() -> SourceWeights:
+        print(f"specdec: reading {name} from its GGUF for the native runtime ({mode}; about a minute, once)",
+              file=sys.stderr)
+        return read_gguf(gguf_file(name), cfg, mode)
+
+    key = {"name": name, "mode": mode, "source_sha256": REGISTRY[name].sha256, "format": SOURCE_FORMAT}
+    return cached(cache_root() / f"{name}-native-{mode}", key, read, save_source, load_source)
 
 
 def load_model(model: PreTrainedModel, mode: str = "int4", capacity: int = CAPACITY,

@@ -6,10 +6,14 @@ in either mode (quant.gguf_source); other types are rounded, to Q4 in int4 mode 
 mode, as quant.model does for today's runtime. The output layer, where rounded, is Q8 (its
 logits decide the tokens). A tied output layer is the embedding tensor in these same forms.
 From a dense model (read_model: tests, Hugging Face folders) every layer is rounded.
+save_source/load_source keep a registry model's weights in the model cache (runtime.load): the
+GGUF reader parses every metadata field in Python (the tokenizer's 151,936 strings), which
+makes reading the GGUF take 30-55 s where the saved file loads in seconds.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,10 +21,12 @@ from pathlib import Path
 import numpy as np
 import torch
 from gguf import GGUFReader, quants
+from safetensors import safe_open
+from safetensors.torch import save_file
 from transformers import PreTrainedModel
 
 from ..errors import SpecdecError
-from ..models.quantized import Quantized, quantize_weights
+from ..models.quantized import Quantized, from_tensors, quantize_weights, to_tensors
 from ..quant.gguf_source import EXACT, linear_weights, rows_unpermuted
 from ..quant.weights import Q4Weight, Q8Weight, q4_rtn, q8_rtn
 from .config import DecoderConfig
@@ -107,6 +113,24 @@ def read_model(model: PreTrainedModel, cfg: DecoderConfig, mode: str) -> SourceW
     return SourceWeights(linears, dense, forms, type(model).__name__)
 
 
+DENSE_PREFIX = "dense:"  # the float tensors' names in a saved file, apart from the linear weights'
+
+
+def save_source(source: SourceWeights, path: Path, description: dict) -> None:
+    """`source` in one safetensors file; what load_source reads back, bit for bit."""
+    tensors = to_tensors(source.linears) | {DENSE_PREFIX + n: t.contiguous() for n, t in source.dense.items()}
+    save_file(tensors, str(path), metadata={"description": json.dumps(description), "forms": json.dumps(source.forms),
+                                            "origin": source.origin})
+
+
+def load_source(path: Path) -> SourceWeights:
+    with safe_open(str(path), framework="pt") as f:
+        meta = f.metadata()
+        tensors = {name: f.get_tensor(name) for name in f.keys()}
+    dense = {n.removeprefix(DENSE_PREFIX): tensors.pop(n) for n in list(tensors) if n.startswith(DENSE_PREFIX)}
+    return SourceWeights(from_tensors(tensors), dense, json.loads(meta["forms"]), meta["origin"])
+
+
 def _check_complete(cfg: DecoderConfig, linears: Quantized, dense: dict[str, torch.Tensor], origin: str) -> None:
     """Every weight the decoder reads is there (else the file is of another layout)."""
     needed = [HEAD, EMBEDDING, "model.norm.weight"]
@@ -123,4 +147,4 @@ def _check_complete(cfg: DecoderConfig, linears: Quantized, dense: dict[str, tor
                            "is it a Llama-family model of this config?")
 
 
-__all__ = ["EMBEDDING", "HEAD", "SourceWeights", "read_gguf", "read_model"]
+__all__ = ["EMBEDDING", "HEAD", "SourceWeights", "load_source", "read_gguf", "read_model", "save_source"]
