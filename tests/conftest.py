@@ -109,12 +109,3 @@ def private_advice(monkeypatch, tmp_path_factory):
     folder = tmp_path_factory.mktemp("advice")
     monkeypatch.setattr(advice, "advice_dir", lambda: folder)
 
-
-def pytest_collection_modifyitems(config, items):
-    """Tests marked `real` run one at a time in one xdist worker (scripts/test.sh: --dist
-    loadgroup): one file of them holds up to 15 GB (the 1.5B pair in float32 and bfloat16) and
-    another 10 GB (the pair on the native runtime), so two at once overran 24 GB and the kernel
-    killed a worker. The other worker runs the tiny-model tests meanwhile."""
-    for item in items:
-        if item.get_closest_marker("real"):
-            item.add_marker(pytest.mark.xdist_group("real-models"))
