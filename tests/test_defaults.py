@@ -150,3 +150,18 @@ def test_confirm_runs_each_method_paired_with_plain_decoding(target, monkeypatch
     assert (done.method, done.predicted_speedup, done.prompts, done.tokens) == ("lookup:k=2:ngram=2", 1.3, 2, 6)
     assert done.tokens_per_s > 0 and done.plain_tokens_per_s > 0
     assert done.measured_speedup == pytest.approx(done.tokens_per_s / done.plain_tokens_per_s)
+
+
+def test_configs_record_the_runtime_the_target_runs_on(tmp_path):
+    """quant_record (configs, advice, generate --json) says where the target runs: the native
+    runtime for a registry model in int4 on the CPU under --runtime auto, transformers' model
+    for a folder, under --runtime hf, and for advise (it measures transformers' layers)."""
+    from specdec.cli import build_parser
+    from specdec.cli.args import quant_record
+
+    parse_args = lambda *extra: build_parser().parse_args(["generate", "--prompt", "x", *extra])
+    assert quant_record(parse_args("--target", TARGET, "--target-quant", "int4"))["runtime"] == "native"
+    assert quant_record(parse_args("--target", TARGET, "--target-quant", "int4", "--runtime", "hf"))["runtime"] == "hf"
+    assert quant_record(parse_args("--target", TARGET, "--target-quant", "int4"), runtime="hf")["runtime"] == "hf"
+    assert quant_record(parse_args("--target", TARGET, "--target-quant", "none"))["runtime"] == "hf"
+    assert quant_record(parse_args("--target", str(tmp_path), "--target-quant", "int4"))["runtime"] == "hf"

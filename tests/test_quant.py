@@ -198,7 +198,8 @@ def test_bench_runs_llamacpp_beside_an_int4_target(smol_cache, tmp_path, capsys)
                  "--methods", "ar,lookup:k=2,llamacpp,llamacpp-lookup:k=4", "--max-new-tokens", "8",
                  "--out", str(out), "--no-progress"]) == 0
     config = json.loads((out / "config.json").read_text())
-    assert config["environment"]["quant"] == {"target": "int4-g32", "group": 32, "target_reason": "as --target-quant says"}
+    assert config["environment"]["quant"] == {"target": "int4-g32", "group": 32, "target_reason": "as --target-quant says",
+                                                 "runtime": "native"}
     assert config["environment"]["llama_cpp"]["version"] and "AVX2" in config["environment"]["llama_cpp"]["cpu_features"]
     rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     by = {(r["method"], r["prompt_id"]): r for r in rows}

@@ -108,7 +108,7 @@ def cmd_advise(args: argparse.Namespace) -> int:
         llamacpp=_versus_llamacpp(args, advice, encoded, settings.tokens, say),
         calibration_prompts=[p.id for p in prompts] if saved is None else f"from {args.acceptance}",
         environment=environment(args.device, resolve_dtype(args.dtype, args.device), [f.label for f in families],
-                                quant_record(args)),
+                                quant_record(args, runtime="hf")),
     )
     if not args.export:
         print(json.dumps(advice.to_json(), indent=1) if args.json else render(advice))

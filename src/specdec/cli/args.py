@@ -112,23 +112,32 @@ def say_target_form(args: argparse.Namespace) -> None:
     print(args.target_form.line(args.target), file=sys.stderr)
 
 
-def quant_record(args: argparse.Namespace) -> dict:
-    """How the target's weights are quantized and why, for configs and advice (machine.environment)."""
-    from ..models.quant_cache import describe
+def target_runtime(args: argparse.Namespace, runtime: str | None = None) -> str:
+    """"native" or "hf": where the target of these arguments runs (--runtime, or `runtime` where
+    the command decides it: advise measures on transformers' model)."""
+    from ..runtime.choose import use_native
 
     resolve_target_form(args)  # main() has, unless the arguments were parsed elsewhere
+    return "native" if use_native(runtime or args.runtime, args.target, args.target_quant, args.device) else "hf"
+
+
+def quant_record(args: argparse.Namespace, runtime: str | None = None) -> dict:
+    """How the target's weights are quantized and why, and the runtime it runs on, for configs
+    and advice (machine.environment); `runtime` as in target_runtime."""
+    from ..models.quant_cache import describe
+
+    where = target_runtime(args, runtime)  # resolves --target-quant auto first
     return {"target": describe(args.target_quant, args.quant_group), "group": args.quant_group,
-            "target_reason": args.target_form.reason}
+            "target_reason": args.target_form.reason, "runtime": where}
 
 
 def load_target(args: argparse.Namespace, runtime: str | None = None):
     """The target of --target, quantized as --target-quant says, on the runtime --runtime (or
     `runtime`) picks: a transformers model or a native runtime (runtime.NativeLM); and its tokenizer."""
     from ..models.load import load_model, load_tokenizer
-    from ..runtime.choose import use_native
 
     say_target_form(args)
-    if use_native(runtime or args.runtime, args.target, args.target_quant, args.device):
+    if target_runtime(args, runtime) == "native":
         from ..runtime import load_registry
 
         return load_registry(args.target, args.target_quant), load_tokenizer(args.target, args.trust_remote_code)
