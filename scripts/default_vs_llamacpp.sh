@@ -3,10 +3,10 @@
 # (auto: the target's int4 form on the native runtime, and auto's method) beside plain decoding
 # of the same form and llama.cpp's plain decoding of the same GGUF, on prompts no default was
 # tuned on: HumanEval/150-157 (code) and 8 Spec-Bench first turns from writing, roleplay,
-# humanities and qa (chat); 128 greedy tokens. Results under $OUT (default docs/bench/default-vs-llamacpp, resumed: a new OUT measures again).
+# humanities and qa (chat); 128 greedy tokens. Results under $OUT (default runs/default-vs-llamacpp; an interrupted run resumes there).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-docs/bench/default-vs-llamacpp}
+OUT=${OUT:-runs/default-vs-llamacpp}
 mkdir -p "$OUT"
 .venv/bin/python - "$OUT" <<'PY'
 import json, sys
