@@ -95,9 +95,9 @@ def draft_flags(args: argparse.Namespace) -> Flags:
 
 def resolve_target_form(args: argparse.Namespace) -> None:
     """--target-quant auto replaced by the form it picks (specdec.models.target_form), kept with
-    its reason in args.target_form and said on stderr; every command with a target runs this
-    once, before anything reads --target-quant; the form is said on stderr where the target loads
-(say_target_form), after the arguments' one-line errors."""
+    its reason in args.target_form; every command with a target runs this before anything reads
+    --target-quant. The form is said on stderr where the target loads (say_target_form), after
+    the arguments' one-line errors."""
     from ..models.target_form import choose_form
 
     if not hasattr(args, "target_quant") or hasattr(args, "target_form"):
