@@ -30,7 +30,8 @@ def ensure_writable(folder: Path) -> None:
     """Create `folder` if needed and check that a file can be written there."""
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        probe = folder / f"{TMP_PREFIX}{os.getpid()}-probe"
+        # unique per call: two threads of one process share its pid, and one removed the other's probe
+        probe = folder / f"{TMP_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:8]}-probe"
         probe.touch()
         probe.unlink()
     except OSError as err:
