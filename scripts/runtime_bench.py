@@ -125,8 +125,7 @@ def main() -> None:
         today = CausalLM(load_model(TARGET, "bfloat16", quant="int4")[0])
         ms = paired_steps({"native": target, "today_bf16": today}, prompt)
         context = prompt.numel() + 48
-        kv = weights.config.layers * context * weights.config.kv_heads * weights.config.head_dim * 2 * 4
-        per_step = weights.nbytes() + kv
+        per_step = target.weight_bytes() + target.kv_bytes(context)
         report["target"] = {"step_ms": ms, "bytes_per_step": per_step,
                             "GBps_native": per_step / ms["native"] / 1e6}
         del today

@@ -168,11 +168,31 @@ def test_saved_source_weights_load_back_bit_for_bit(tmp_path):
             assert torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b, (name, f.name)
 
 
-def test_capacity_and_refused_configs():
-    lm = load_model(tiny(), "int4", capacity=16)
-    assert lm.max_positions == 16
-    with pytest.raises(SpecdecError, match="cache slots"):
-        lm.prefill(sequence(17))
+def test_the_cache_grows_keeping_every_bit_and_stops_at_the_models_positions(pair):
+    """A cache of 8 slots grows under a prefill, a block and a tree: every row as with room
+    to spare, and what it held before kept; past max_position_embeddings a one-line error."""
+    model, roomy = pair
+    tokens = sequence(60)
+    single = alone(roomy, tokens)
+    lm = load_model(copy.deepcopy(model), "int4", capacity=8)
+    assert torch.equal(lm.prefill(tokens[:11]), single[10:11]) and lm.decoder.capacity == 16
+    assert torch.equal(lm.forward(tokens[11:20]), single[11:20]) and lm.decoder.capacity == 32
+    lm.trim(18)
+    assert torch.equal(lm.forward(tokens[18:31]), single[18:31]) and lm.decoder.capacity == 32
+    parents = torch.tensor([-1, 0, 1, -1])  # the true path 32, 33, 34 under the root 31, and a branch
+    nodes = torch.stack([tokens[32], tokens[33], tokens[34], (tokens[32] + 1) % VOCAB])
+    rows = lm.forward_tree(torch.cat([tokens[31:32], nodes]), parents)
+    assert lm.decoder.capacity == 64 and torch.equal(rows[:4], single[31:35])
+    lm.keep_positions(31, [0, 1, 2, 3])
+    assert torch.equal(lm.forward(tokens[35:60]), single[35:60])
+    assert lm.kv_bytes(60) == 2 * 2 * 60 * 2 * 32 * 4 and lm.kv_bytes() == lm.kv_bytes(64)
+    short = load_model(tiny(max_position_embeddings=24), "int4", capacity=8)
+    short.prefill(tokens[:24])
+    with pytest.raises(SpecdecError, match="past the model's 24"):
+        short.forward(tokens[24:25])
+
+
+def test_refused_configs():
     refused = {"rope_parameters.rope_type": dict(rope_parameters={"rope_type": "linear", "factor": 2.0,
                                                                    "rope_theta": 10000.0}),
                "hidden_act": dict(hidden_act="gelu"), "head_dim": dict(num_attention_heads=8)}

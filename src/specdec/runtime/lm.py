@@ -27,7 +27,7 @@ class NativeLM:
         self.vocab_size = decoder.head_rows
         self.head_ids = decoder.weights.head_ids  # token id of each logits column, None: column = id
         self.eos_token_ids = tuple(int(t) for t in eos_token_ids)
-        self.max_positions = min(max_positions or decoder.capacity, decoder.capacity)
+        self.max_positions = max_positions  # the cache grows up to it (None: without a bound)
         self.layers = decoder.weights.config.layers
         self._held = torch.zeros(decoder.capacity, dtype=_LONG)  # token ids behind the slots
         self._length = 0
@@ -98,9 +98,31 @@ class NativeLM:
         prefix = torch.full((len(depth),), start, dtype=_LONG)
         return self._run(tokens, positions, prefix, extra_start, extra.contiguous(), 0)
 
+    def weight_bytes(self) -> int:
+        """Bytes of weights a forward reads (specdec.tune.measure)."""
+        return self.decoder.weights.nbytes()
+
+    def kv_bytes(self, positions: int | None = None) -> int:
+        """Bytes of the cache's keys and values at `positions` positions (None: all allocated)."""
+        return self.decoder.kv_bytes(positions)
+
+    def _room(self, end: int) -> None:
+        """Cache slots up to `end`: the cache doubles (within max_positions) when it runs out."""
+        if end <= self.decoder.capacity:
+            return
+        if self.max_positions is not None and end > self.max_positions:
+            raise SpecdecError(f"the sequence would reach {end} positions, past the model's {self.max_positions}")
+        grown = max(end, 2 * self.decoder.capacity)
+        grown = grown if self.max_positions is None else min(grown, self.max_positions)
+        self.decoder.grow(grown, keep=self._length)
+        held = torch.zeros(grown, dtype=_LONG)
+        held[: self._length] = self._held[: self._length]
+        self._held = held
+
     def _run(self, tokens: torch.Tensor, positions: torch.Tensor, prefix: torch.Tensor, extra_start: torch.Tensor,
              extra: torch.Tensor, first: int) -> torch.Tensor:
         start, n = self._length, tokens.numel()
+        self._room(start + n)
         slots = torch.arange(start, start + n, dtype=_LONG)
         logits = self.decoder.forward(tokens, positions, slots, prefix, extra_start, extra, first)
         self._held[start : start + n] = tokens

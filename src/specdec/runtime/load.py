@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import sys
 import time
+from functools import partial
 
 import torch
 from transformers import AutoConfig, GenerationConfig, PreTrainedModel
@@ -20,7 +21,7 @@ from .source import SourceWeights, load_source, read_gguf, read_model, save_sour
 from .weights import build
 
 SOURCE_FORMAT = 1  # version of what save_source writes and of read_gguf's forms
-CAPACITY = 4096  # cache slots by default: 28 layers x 256 floats x 2 x 4 B = 235 MiB for the 1.5B target
+CAPACITY = 4096  # cache slots to start with (28 layers x 256 floats x 2 x 4 B = 235 MiB for the 1.5B); grown on demand
 
 
 def _check_mode(mode: str) -> None:
@@ -37,8 +38,7 @@ def _assemble(config, source: SourceWeights, mode: str, capacity: int, head_ids:
               eos: tuple[int, ...]) -> NativeLM:
     cfg = decoder_config(config)
     weights = build(cfg, source, mode, head_ids)
-    cos, sin = rotary_tables(config, capacity)
-    return NativeLM(Decoder(weights, cos, sin, capacity), eos, cfg.max_positions)
+    return NativeLM(Decoder(weights, partial(rotary_tables, config), capacity), eos, cfg.max_positions)
 
 
 def load_registry(name: str, mode: str = "int4", capacity: int = CAPACITY,

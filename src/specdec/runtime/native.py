@@ -1,10 +1,11 @@
-"""The native decoder (kernels/decoder.cpp) behind ctypes: the model described once as C
-structs over the loaded tensors, a static K/V cache of `capacity` slots per layer, and one C
+"""The native decoder (kernels/decoder.cpp) behind ctypes: the model described as C structs over
+the loaded tensors, a K/V cache of `capacity` slots per layer (static between growths), and one C
 call per forward."""
 
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Callable
 from functools import cache
 from pathlib import Path
 
@@ -86,36 +87,55 @@ def _ptr(t: torch.Tensor) -> int:
     return t.data_ptr()
 
 
-class Decoder:
-    """The loaded weights and a K/V cache of `capacity` slots, run by decoder.cpp."""
+Rotary = Callable[[int], tuple[torch.Tensor, torch.Tensor]]  # capacity -> cos, sin [capacity, head_dim / 2]
 
-    def __init__(self, weights: DecoderWeights, cos: torch.Tensor, sin: torch.Tensor, capacity: int):
-        cfg = weights.config
-        self.weights, self.capacity = weights, capacity
+
+class Decoder:
+    """The loaded weights and a K/V cache of `capacity` slots, run by decoder.cpp; `grow` moves
+    the cache to more slots (the C structs point into the new tensors)."""
+
+    def __init__(self, weights: DecoderWeights, rotary: Rotary, capacity: int):
+        self.weights, self._rotary = weights, rotary
         self.head_rows = weights.head_rows
         self.head_width = weights.head.parts[0].codes.shape[0] * 16
-        kv = cfg.kv_heads * cfg.head_dim
-        self.k_cache = torch.zeros(cfg.layers, capacity, kv)
-        self.v_cache = torch.zeros(cfg.layers, capacity, kv)
-        self._keep = (cos, sin)  # tensors the C structs point into live as long as self
+        self._lib = library()
+        self.capacity = 0
+        self.grow(capacity, keep=0)
+
+    def grow(self, capacity: int, keep: int) -> None:
+        """A cache of `capacity` slots holding the first `keep` slots of the current one."""
+        cfg = self.weights.config
+        k_cache = torch.zeros(cfg.layers, capacity, cfg.kv_heads * cfg.head_dim)
+        v_cache = torch.zeros_like(k_cache)
+        if keep:
+            k_cache[:, :keep] = self.k_cache[:, :keep]
+            v_cache[:, :keep] = self.v_cache[:, :keep]
+        cos, sin = self._rotary(capacity)
+        self.k_cache, self.v_cache, self.capacity = k_cache, v_cache, capacity
+        self._keep = (cos, sin)  # tensors the C structs point into live as long as they do
+        w = self.weights
         layers = (_Layer * cfg.layers)()
-        for i, w in enumerate(weights.layers):
-            layers[i] = _Layer(_parts(w.qkv), _parts(w.gate_up), _single(w.o), _single(w.down), _ptr(w.attn_norm),
-                               _ptr(w.mlp_norm), _ptr(self.k_cache[i]), _ptr(self.v_cache[i]))
+        for i, lw in enumerate(w.layers):
+            layers[i] = _Layer(_parts(lw.qkv), _parts(lw.gate_up), _single(lw.o), _single(lw.down),
+                               _ptr(lw.attn_norm), _ptr(lw.mlp_norm), _ptr(k_cache[i]), _ptr(v_cache[i]))
         self._layers = layers
         self.model = _Model(cfg.layers, cfg.hidden, cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.inter, capacity,
-                            cfg.eps, cfg.head_dim ** -0.5, _ptr(weights.embedding), _ptr(weights.final_norm),
-                            _ptr(cos), _ptr(sin), layers, _single(weights.head))
-        self._lib = library()
+                            cfg.eps, cfg.head_dim ** -0.5, _ptr(w.embedding), _ptr(w.final_norm),
+                            _ptr(cos), _ptr(sin), layers, _single(w.head))
         self._model_ref = ctypes.byref(self.model)
+
+    def kv_bytes(self, slots: int | None = None) -> int:
+        """Bytes of keys and values in the first `slots` slots of every layer (None: all allocated)."""
+        per_slot = 2 * self.k_cache.shape[0] * self.k_cache.shape[2] * self.k_cache.element_size()
+        return per_slot * (self.capacity if slots is None else slots)
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, prefix: torch.Tensor,
                 extra_start: torch.Tensor, extra: torch.Tensor, first: int) -> torch.Tensor:
         """Logits [n - first, head rows] float32 of the n rows (int64 tensors, see decoder.cpp)."""
         n = tokens.numel()
         if int(slots.max()) >= self.capacity or int(positions.max()) >= self.capacity:
-            raise SpecdecError(f"the sequence would exceed the native runtime's {self.capacity} cache slots: "
-                               "load it with a larger capacity")
+            raise SpecdecError(f"a forward past the native runtime's {self.capacity} cache slots (NativeLM grows "
+                               "the cache first)")
         logits = torch.empty(n - first, self.head_width)
         visible = _Visible(_ptr(prefix), _ptr(extra_start), _ptr(extra))
         self._lib.sd_decoder_forward(self._model_ref, _ptr(tokens), n, _ptr(positions), _ptr(slots), visible,

@@ -49,9 +49,12 @@ class DecoderWeights:
     origin: str
 
     def nbytes(self) -> int:
-        """Bytes of weights a forward reads (packed layers, norms; the embedding's rows not)."""
+        """Bytes of weights a forward reads: packed layers with their biases, norms; of the
+        embedding only a row per token, not counted."""
         linears = [*(x for layer in self.layers for x in (layer.qkv, layer.o, layer.gate_up, layer.down)), self.head]
-        return sum(p.nbytes() for x in linears for p in x.parts)
+        norms = [self.final_norm, *(n for layer in self.layers for n in (layer.attn_norm, layer.mlp_norm))]
+        tensors = [*norms, *(b for x in linears for b in x.biases if b is not None)]
+        return sum(p.nbytes() for x in linears for p in x.parts) + sum(t.numel() * t.element_size() for t in tensors)
 
 
 def _linear(weights: list[Q4Weight | Q8Weight], biases: list[torch.Tensor | None]) -> Linear:
