@@ -165,6 +165,11 @@ def test_sweep_and_advise_on_smollm2(tmp_path, capsys):
     report = json.loads(capsys.readouterr().out)
     assert report["calibration"]["draft"]["rates"][0] > 0.9  # self-draft
     assert report["choice"]["method"]
+    # measured where generate runs: the int4 target on the native runtime where the kernels run
+    quant = report["environment"]["quant"]
+    assert quant["runtime"] == ("native" if quant["target"].startswith("int4") else "hf")
+    if quant["runtime"] == "native":
+        assert report["dtype"] == "float32"  # its activations, whatever --dtype says
 
 
 def test_advise_with_random_weights_takes_saved_acceptance(tiny_registry, tmp_path, capsys):

@@ -155,9 +155,10 @@ def test_confirm_runs_each_method_paired_with_plain_decoding(target, monkeypatch
 def test_configs_record_the_runtime_the_target_runs_on(tmp_path):
     """quant_record (configs, advice, generate --json) says where the target runs: the native
     runtime for a registry model in int4 on the CPU under --runtime auto, transformers' model
-    for a folder, under --runtime hf, and for advise (it measures transformers' layers)."""
+    for a folder, under --runtime hf, and for advise on random weights (transformers' models);
+    saved advice is keyed by it, so advice measured on one runtime never picks for the other."""
     from specdec.cli import build_parser
-    from specdec.cli.args import quant_record
+    from specdec.cli.args import quant_record, setup_of
 
     parse_args = lambda *extra: build_parser().parse_args(["generate", "--prompt", "x", *extra])
     assert quant_record(parse_args("--target", TARGET, "--target-quant", "int4"))["runtime"] == "native"
@@ -165,3 +166,7 @@ def test_configs_record_the_runtime_the_target_runs_on(tmp_path):
     assert quant_record(parse_args("--target", TARGET, "--target-quant", "int4"), runtime="hf")["runtime"] == "hf"
     assert quant_record(parse_args("--target", TARGET, "--target-quant", "none"))["runtime"] == "hf"
     assert quant_record(parse_args("--target", str(tmp_path), "--target-quant", "int4"))["runtime"] == "hf"
+    native, hf = (setup_of(parse_args("--target", TARGET, "--target-quant", "int4", "--runtime", r), None)
+                  for r in ("auto", "hf"))
+    assert native.target.endswith(", native runtime") and native.target.removesuffix(", native runtime") == hf.target
+    assert setup_of(parse_args("--target", TARGET, "--target-quant", "int4"), None, runtime="hf") == hf

@@ -357,3 +357,34 @@ def test_real_greedy_speculative_equals_plain_qwen_pair(natives):
     _greedy_equal(target, {"lookup": lambda: PromptLookup(k=4), "draft": lambda: DraftModel(full, k=3),
                            "draft:vocab=32768": lambda: DraftModel(small, k=3)},
                   code_prompts(QWEN_TARGET, 2), 64)
+
+
+def test_advise_measures_on_the_native_runtime():
+    """run_advise over a native target: the bytes a step reads are the runtime's packed weights
+    and float32 K/V (counted by hand here), its costs are timed through its own forward and
+    plain decoding calibrated on it. (Native drafts come from the registry's GGUFs, and with a
+    draft something pays and is confirmed: the real advise test in test_advise_sweep.py.)"""
+    from specdec.methods.build import Drafts
+    from specdec.methods.spec import Method, parse
+    from specdec.tune.advise import AdviseSettings, run_advise
+
+    model = tiny(layers=3)
+    target = load_model(copy.deepcopy(model), "int4", capacity=64)
+    families = [Method("lookup", ngram=2)]
+    prompts = [sequence(20, seed=s).tolist() for s in (1, 2)]
+    settings = AdviseSettings(context=80, k_max=3, calibration_k=3, prompts=2, tokens=10, repeats=1, confirm=2)
+    advice = run_advise(target, Drafts(None), families, None, settings, prompts)
+    w = target.decoder.weights
+    packed = sum(p.nbytes() for layer in w.layers for x in (layer.qkv, layer.o, layer.gate_up, layer.down)
+                 for p in x.parts) + sum(p.nbytes() for p in w.head.parts)
+    small = sum(t.numel() * 4 for t in [w.final_norm, *(n for x in w.layers for n in (x.attn_norm, x.mlp_norm)),
+                                        *(b for x in w.layers for b in x.qkv.biases)])
+    kv = 2 * 3 * 80 * 2 * 32 * 4  # K and V, 3 layers, 80 positions, 2 heads of 32, float32
+    assert advice.memory["target"] == {"weights": packed + small, "kv_cache": kv} and advice.dtype == "float32"
+    assert advice.bandwidth["bytes_per_step"] == packed + small + kv
+    assert advice.c_target > 0 and sorted(advice.verify) == [1, 2, 3]
+    assert list(advice.calibration) == list(advice.proposers) == ["lookup:ngram=2"]
+    assert advice.plain_tokens_per_s > 0
+    for c in advice.confirmed:
+        assert c.plain_tokens_per_s > 0 and c.measured_speedup == pytest.approx(c.tokens_per_s / c.plain_tokens_per_s)
+    assert parse(advice.choice.method).kind in {"ar", "lookup"}

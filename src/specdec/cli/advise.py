@@ -63,7 +63,7 @@ def cmd_advise(args: argparse.Namespace) -> int:
     import torch
 
     from ..machine import environment
-    from ..models.load import logit_width, resolve_dtype
+    from ..models.load import resolve_dtype, scored_width
     from ..prompts.chat import encode_prompt
     from ..prompts.datasets import Selection, load_prompts
     from ..tune.advice import save_advice
@@ -86,18 +86,18 @@ def cmd_advise(args: argparse.Namespace) -> int:
     categories = tuple(c for c in args.categories.split(",") if c) or None
     prompts, _ = load_prompts(args.dataset, Selection(categories, 1 if categories else None, args.prompts))
     has_draft = args.draft != "none"
+    measured_on = "hf" if args.random_weights else None  # random weights: transformers' models (_load_random)
     if args.random_weights:
         families = candidates(has_draft, args.device, flags["quant"], flags["vocab"], quick=args.quick)
         target, drafts, tokenizer = _load_random(args)
     else:
-        # advise times the target's and drafts' layers through transformers' model (tune.measure): on
-        # the hf runtime whatever --runtime says, until it measures the native runtime too.
-        target, tokenizer = load_target(args, runtime="hf")
-        families = candidates(has_draft, args.device, flags["quant"], flags["vocab"], logit_width(target), args.quick)
-        drafts = load_drafts(args, target, tokenizer, families, runtime="hf")
+        # on the runtime generate would run (--runtime): its costs are the ones the advice is for
+        target, tokenizer = load_target(args)
+        families = candidates(has_draft, args.device, flags["quant"], flags["vocab"], scored_width(target), args.quick)
+        drafts = load_drafts(args, target, tokenizer, families)
     if tokenizer is None:  # only plain decoding's bookkeeping is timed on these: any ids do
         gen = torch.Generator().manual_seed(0)
-        encoded = [torch.randint(logit_width(target), (32,), generator=gen).tolist() for _ in prompts]
+        encoded = [torch.randint(scored_width(target), (32,), generator=gen).tolist() for _ in prompts]
     else:
         encoded = [encode_prompt(tokenizer, p.text, raw=args.raw) for p in prompts]
     settings = replace(settings_of(args, AdviseSettings), prompts=len(prompts), **({"confirm": 0} if args.quick else {}))
@@ -108,11 +108,11 @@ def cmd_advise(args: argparse.Namespace) -> int:
         llamacpp=_versus_llamacpp(args, advice, encoded, settings.tokens, say),
         calibration_prompts=[p.id for p in prompts] if saved is None else f"from {args.acceptance}",
         environment=environment(args.device, resolve_dtype(args.dtype, args.device), [f.label for f in families],
-                                quant_record(args, runtime="hf")),
+                                quant_record(args, runtime=measured_on)),
     )
     if not args.export:
         print(json.dumps(advice.to_json(), indent=1) if args.json else render(advice))
-    path = save_advice(setup_of(args, flags["vocab"]), advice)
+    path = save_advice(setup_of(args, flags["vocab"], runtime=measured_on), advice)
     print(f"[advise] saved for `specdec generate --proposer auto`: {path}", file=sys.stderr)
     return _print_export(advice, args) if args.export else 0
 

@@ -162,12 +162,16 @@ def method_of(args: argparse.Namespace) -> Method:
     return parse(args.proposer, method_flags(args))
 
 
-def setup_of(args: argparse.Namespace, vocab: int | None):
-    """What saved advice is keyed by, for these arguments (specdec.tune.advice.Setup)."""
+def setup_of(args: argparse.Namespace, vocab: int | None, runtime: str | None = None):
+    """What saved advice is keyed by, for these arguments (specdec.tune.advice.Setup): the target
+    with its form and, on specdec's native runtime, that runtime (its costs are not the hf ones);
+    `runtime` as in target_runtime."""
     from ..tune.advice import Setup
 
-    quant = quant_record(args)["target"]
+    record = quant_record(args, runtime)
+    quant = record["target"]
     target = args.target if quant == "none" else f"{args.target} ({quant})"
+    target += ", native runtime" if record["runtime"] == "native" else ""
     return Setup.create(target, args.draft, args.dtype, args.device, vocab)
 
 

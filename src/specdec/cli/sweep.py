@@ -72,9 +72,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     done = {row["context"] for row in read_rows(out)}
     todo = [n for n in settings.contexts if n not in done]
     if todo:
-        # the sweep reads transformers' caches and layers (tune.measure): the hf runtime for now
-        target, tokenizer = load_target(args, runtime="hf")
-        drafts = load_drafts(args, target, tokenizer, methods, reuse_caches=True, runtime="hf")
+        target, tokenizer = load_target(args)
+        drafts = load_drafts(args, target, tokenizer, methods, reuse_caches=True)
     with RowWriter(out, config) as writer, tqdm(total=len(todo), desc="sweep", unit="context") as bar:
         for n in todo:
             writer.write(sweep_context(target, drafts, tokenizer, n, settings, progress=bar.set_postfix_str))

@@ -28,7 +28,7 @@ from transformers import PreTrainedModel
 from ..errors import SpecdecError
 from ..models.load import token_ids
 from .interface import Runtime
-from .lm import CausalLM
+from .lm import runtime_of
 from .proposal import Proposal, Proposer
 from .sampling import SamplingConfig, pick
 from .stats import GenerationStats, PhaseClock
@@ -79,7 +79,7 @@ def generate(
     already holds the prompt's prefix, so runs over one long context prefill it once.
     """
     cfg = SamplingConfig(temperature, top_k, top_p)
-    lm = CausalLM(target) if isinstance(target, PreTrainedModel) else target
+    lm = runtime_of(target)
     prompt = _prompt_tensor(input_ids, lm)
     if max_new_tokens < 1:
         raise SpecdecError(f"max_new_tokens must be >= 1, got {max_new_tokens}")

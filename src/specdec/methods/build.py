@@ -72,6 +72,12 @@ class Drafts:
             self.prepare([Method("draft", quant=variant[0], vocab=variant[1])])
         return self._variants[variant]
 
+    def held(self, variant: Variant) -> PreTrainedModel | Runtime:
+        """What holds a variant's weights: its native runtime or its transformers model."""
+        if variant in self.native:
+            return self.lm(Method("draft", quant=variant[0], vocab=variant[1]))
+        return self.model(variant)
+
     def lm(self, method: Method) -> Runtime:
         """The runtime a method's draft runs in: a native one (its cache restarts at each
         prefill), or a CausalLM with a fresh cache or the kept one."""

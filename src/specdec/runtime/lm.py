@@ -20,6 +20,7 @@ class NativeLM:
     slots 0 .. length-1; a tree forward appends its nodes in slots, keep_positions compacts)."""
 
     device = torch.device("cpu")
+    dtype = torch.float32  # of activations, logits and K/V (the weights are Q4/Q8)
     invariant = True  # every row as if decoded alone, logits float32
 
     def __init__(self, decoder: Decoder, eos_token_ids: Sequence[int], max_positions: int | None):

@@ -125,16 +125,17 @@ def run_advise(target, drafts, families: list[Method], tokenizer, settings: Advi
     With `saved` (the advice of a run elsewhere) the proposers' acceptance comes from it and only
     the costs are measured here (nothing is confirmed): the models may then carry random weights,
     and `tokenizer` may be None (the timed context is then random token ids)."""
-    from ..decode.lm import CausalLM
+    from ..decode.lm import runtime_of
     from .candidates import NOT_RANKED, draft_variant
     from .confirm import confirm, confirmed_choice
-    from .measure import copy_bandwidth, decode_bytes, kv_bytes, measure_model, read_bandwidth, weight_bytes
+    from .measure import (activation_dtype, copy_bandwidth, decode_bytes, kv_bytes, measure_model, read_bandwidth,
+                          weight_bytes)
 
     progress("read and copy bandwidth")
     bandwidth = read_bandwidth(device=target.device), copy_bandwidth(device=target.device)
     context = _context(target, tokenizer, settings.context)
     progress(f"target C_T(1), C_V(k) for k=1..{settings.k_max} at context {settings.context}")
-    t_lm = CausalLM(target)
+    t_lm = runtime_of(target)
     t_costs = measure_model(t_lm, context, range(1, settings.k_max + 2), settings.repeats)
     verify = {k: t_costs.verify(k) for k in range(1, settings.k_max + 1)}
     draft_families = [f for f in families if f.uses_draft]
@@ -174,9 +175,9 @@ def run_advise(target, drafts, families: list[Method], tokenizer, settings: Advi
     if saved is None and top:
         confirmed = confirm(target, drafts, top, prompts, settings.tokens, progress)
         choice = confirmed_choice(confirmed, MIN_GAIN)
-    models = {"target": target} | ({"draft": drafts.model(draft_families[0].draft_variant)} if draft_families else {})
+    models = {"target": target} | ({"draft": drafts.held(draft_families[0].draft_variant)} if draft_families else {})
     return Advice(
-        settings=asdict(settings), device=str(target.device), dtype=str(target.dtype).removeprefix("torch."),
+        settings=asdict(settings), device=str(target.device), dtype=activation_dtype(target),
         c_target=t_costs.step, verify=verify, c_draft=c_draft,
         calibration={family.label: cal.record() for family, (_, cal) in measured.items()},
         proposers=verdicts, choice=choice, plain_tokens_per_s=plain.tokens_per_s,
@@ -205,11 +206,11 @@ def _context(target, tokenizer, length: int):
     of the context's tokens cost nothing)."""
     import torch
 
-    from ..models.load import logit_width
+    from ..models.load import scored_width
     from ..prompts.long import long_prompt
 
     if tokenizer is None:
-        ids = torch.randint(logit_width(target), (length,), generator=torch.Generator().manual_seed(0))
+        ids = torch.randint(scored_width(target), (length,), generator=torch.Generator().manual_seed(0))
     else:
         ids = torch.tensor(long_prompt(tokenizer, length))
     return ids.to(target.device)

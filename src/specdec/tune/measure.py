@@ -97,11 +97,20 @@ def _median_seconds(op, repeats: int, device: torch.device) -> float:
     return statistics.median(times[1:])
 
 
-def weight_bytes(model: PreTrainedModel) -> int:
-    """Bytes of the weights a decode step reads (each once): the parameters but an input
-    embedding that is not also the output layer, and the weights that specdec's packed and
-    quantized linear layers (specdec.forward.linear) and torch's dynamic int8 ones hold outside
-    them, as buffers or opaque packed tensors."""
+def _model(x):
+    """The transformers model behind a CausalLM; a model or another runtime as it is."""
+    return x.model if isinstance(x, CausalLM) else x
+
+
+def weight_bytes(model) -> int:
+    """Bytes of the weights a decode step reads (each once). A runtime of specdec's own counts its
+    packed weights itself; of a transformers model: the parameters but an input embedding that
+    is not also the output layer, and the weights that specdec's packed and quantized linear
+    layers (specdec.forward.linear) and torch's dynamic int8 ones hold outside them, as buffers
+    or opaque packed tensors."""
+    model = _model(model)
+    if not isinstance(model, PreTrainedModel):
+        return model.weight_bytes()
     total = sum(p.numel() * p.element_size() for p in model.parameters())
     embedding = model.get_input_embeddings().weight
     if getattr(model.get_output_embeddings(), "weight", None) is not embedding:
@@ -114,14 +123,20 @@ def weight_bytes(model: PreTrainedModel) -> int:
     return total
 
 
-def kv_bytes(model: PreTrainedModel, context: int) -> int:
-    """The KV cache of `context` positions by the formula 2*L*n*H_kv*d_h*bytes."""
+def kv_bytes(model, context: int) -> int:
+    """The KV cache of `context` positions by the formula 2*L*n*H_kv*d_h*bytes (a runtime of
+    specdec's own: by its cache's own element size)."""
+    model = _model(model)
+    if not isinstance(model, PreTrainedModel):
+        return model.kv_bytes(context)
     return kv_cache_bytes_for_config(model.config, context, model.dtype.itemsize)
 
 
-def measured_kv_bytes(lm: CausalLM, allocated: bool = False) -> int:
+def measured_kv_bytes(lm, allocated: bool = False) -> int:
     """Bytes of the cache's keys and values at its positions (checks the formula), or with
     `allocated` the whole storage behind them, a preallocated layer's unused room included."""
+    if not isinstance(lm, CausalLM):
+        return lm.kv_bytes(None if allocated else lm.length)
     total = 0
     for layer in lm.cache.hf_cache.layers:
         for name in ("keys", "values"):
@@ -131,6 +146,12 @@ def measured_kv_bytes(lm: CausalLM, allocated: bool = False) -> int:
     return total
 
 
-def decode_bytes(model: PreTrainedModel, context: int) -> int:
+def decode_bytes(model, context: int) -> int:
     """Bytes one decode step must read at least: the weights and the KV cache of the context."""
     return weight_bytes(model) + kv_bytes(model, context)
+
+
+def activation_dtype(model) -> str:
+    """The dtype a model computes in, by name: a transformers model's own; specdec's native
+    runtime computes in float32 over its Q4/Q8 weights."""
+    return str(_model(model).dtype).removeprefix("torch.")

@@ -55,7 +55,7 @@ def sweep_context(target, drafts, tokenizer, n: int, settings: SweepSettings,
     import torch
 
     from ..decode.engine import generate
-    from ..decode.lm import CausalLM
+    from ..decode.lm import runtime_of
     from ..machine import PeakMemory
     from ..methods.build import build_proposer
     from ..prompts.long import long_prompt
@@ -65,14 +65,14 @@ def sweep_context(target, drafts, tokenizer, n: int, settings: SweepSettings,
     memory.reset()
     ids = torch.tensor(long_prompt(tokenizer, n), device=target.device)
     draft_methods = {m.family().label: m for m in settings.methods if m.uses_draft}
-    lms = {"target": CausalLM(target)} | {name: drafts.lm(m) for name, m in draft_methods.items()}
+    lms = {"target": runtime_of(target)} | {name: drafts.lm(m) for name, m in draft_methods.items()}
     prefill = {}
     for name, lm in lms.items():
         progress(f"{n}: prefill {name}")
         start = time.perf_counter()
         lm.prefill(ids)
         prefill[name] = time.perf_counter() - start
-    kv = {name: {"formula": kv_bytes(lm.model, n), "measured": measured_kv_bytes(lm),
+    kv = {name: {"formula": kv_bytes(lm, n), "measured": measured_kv_bytes(lm),
                  "allocated": measured_kv_bytes(lm, allocated=True)} for name, lm in lms.items()}
     progress(f"{n}: timing C_T, C_V(k), C_D")
     ks = sorted({*settings.ks, *(m.k for m in settings.methods)})  # every method's k is timed
