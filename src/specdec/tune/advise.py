@@ -128,8 +128,15 @@ def run_advise(target, drafts, families: list[Method], tokenizer, settings: Advi
     from ..decode.lm import runtime_of
     from .candidates import NOT_RANKED, draft_variant
     from .confirm import confirm, confirmed_choice
-    from .measure import (activation_dtype, copy_bandwidth, decode_bytes, kv_bytes, measure_model, read_bandwidth,
-                          weight_bytes)
+    from .measure import (
+        activation_dtype,
+        copy_bandwidth,
+        decode_bytes,
+        kv_bytes,
+        measure_model,
+        read_bandwidth,
+        weight_bytes,
+    )
 
     progress("read and copy bandwidth")
     bandwidth = read_bandwidth(device=target.device), copy_bandwidth(device=target.device)
