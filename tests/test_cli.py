@@ -178,11 +178,11 @@ def auto_args(*extra):
             "--max-new-tokens", "12", *extra]
 
 
-def advice_choosing(method: str, speedup: float):
+def advice_choosing(method: str, speedup: float, measured: float | None = None):
     from specdec.tune.advice import Advice, Choice
 
     return Advice(settings={"context": 512}, device="cpu", dtype="float32", c_target=0.3, verify={1: 0.3},
-                  c_draft={}, calibration={}, proposers={}, choice=Choice(method, speedup))
+                  c_draft={}, calibration={}, proposers={}, choice=Choice(method, speedup, measured))
 
 
 def setup_of(argv):
@@ -225,6 +225,9 @@ def test_auto_follows_saved_advice(capsys, tiny_registry, tmp_path):
     code, out, err = run(capsys, *auto_args("-k", "4", "--draft-int8"))  # an explicit -k wins
     assert code == 0 and "auto: lookup:k=4:ngram=3 (advised" in err and "predicted 1.30x" in err
     assert "quant=int8 not applied" in err  # said, not silently dropped
+    save_advice(setup, advice_choosing("lookup:k=3:ngram=3", 1.3, 1.42))  # confirmed: both figures said
+    code, _, err = run(capsys, *auto_args())
+    assert code == 0 and "predicted 1.30x, measured 1.42x paired)" in err
     # another machine, dtype or model pair has its own advice; `auto` is whichever dtype this
     # CPU computes natively, so compare with the other one
     other = "float32" if resolve_dtype("auto") == "bfloat16" else "bfloat16"

@@ -264,4 +264,5 @@ def choose(setup: Setup) -> tuple[Method, str]:
     except (OSError, ValueError, KeyError, TypeError, SpecdecError) as e:
         raise SpecdecError(f"the saved advice {path} is unreadable ({e}): delete it or run `specdec advise` again") from None
     context = (saved.get("settings") or {}).get("context", saved.get("context", "?"))
-    return method, f"advised {saved.get('saved', '?')} at context {context}: predicted {choice.predicted_speedup:.2f}x"
+    measured = f", measured {choice.measured_speedup:.2f}x paired" if choice.measured_speedup else ""
+    return method, f"advised {saved.get('saved', '?')} at context {context}: predicted {choice.predicted_speedup:.2f}x{measured}"
