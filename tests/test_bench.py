@@ -404,12 +404,12 @@ def test_auto_method_runs_the_advised_method(tiny_pair, dataset, tmp_path, capsy
     from specdec.cli import args as cli_args
     from specdec.cli import build_parser
     from specdec.methods.spec import parse
-    from specdec.tune.advice import DEFAULT_CHOICE, Advice, Choice, device_kind, save_advice
+    from specdec.tune.advice import Advice, Choice, default_choice, save_advice
 
     out = tmp_path / "default"
     assert main(bench_args(tiny_pair, dataset, out, "--methods", "ar,auto")) == 0
     config = json.loads((out / "config.json").read_text())
-    default = parse(DEFAULT_CHOICE[device_kind("cpu")])  # hybrid:k=3:quant=int4 where the kernels have a vector path
+    default = default_choice("cpu", None)  # hybrid:k=3:quant=int4 where the kernels have a vector path
     assert config["auto"]["runs"] == default.label and "no advice" in config["auto"]["why"]
     assert config["draft"] == tiny_pair[1]
     rows = [r for r in read_rows(out) if r["method"] == "auto"]

@@ -170,3 +170,25 @@ def test_configs_record_the_runtime_the_target_runs_on(tmp_path):
                   for r in ("auto", "hf"))
     assert native.target.endswith(", native runtime") and native.target.removesuffix(", native runtime") == hf.target
     assert setup_of(parse_args("--target", TARGET, "--target-quant", "int4"), None, runtime="hf") == hf
+
+
+def test_the_default_restricts_the_draft_head_only_where_the_vocabulary_is_larger(monkeypatch, tmp_path):
+    """Before any advice: on a kernel CPU the hybrid over the int4 draft with a 32768-id head for
+    a draft of more ids (Qwen's 151936), the full head for fewer or an unknown vocabulary;
+    draft_vocabulary reads a folder's config and fetches nothing for other names."""
+    from transformers import Qwen2Config
+
+    from specdec.cli import build_parser
+    from specdec.cli.args import draft_vocabulary
+    from specdec.models import target_form
+    from specdec.tune.advice import default_choice
+
+    monkeypatch.setattr(target_form, "kernel_path", lambda device: "avx512-vnni")
+    assert default_choice("cpu", 151936).label == "hybrid:k=3:ngram=3:quant=int4:vocab=32768"
+    assert default_choice("cpu", 32768).label == default_choice("cpu", None).label == "hybrid:k=3:ngram=3:quant=int4"
+    monkeypatch.setattr(target_form, "kernel_path", lambda device: "portable")
+    assert default_choice("cpu", 151936).label == "draft:k=2:quant=int8"
+    Qwen2Config(vocab_size=1000).save_pretrained(tmp_path)
+    parse_args = lambda draft: build_parser().parse_args(["generate", "--prompt", "x", "--draft", draft])
+    assert draft_vocabulary(parse_args(str(tmp_path))) == 1000
+    assert draft_vocabulary(parse_args("none")) is None and draft_vocabulary(parse_args("no/such-model")) is None

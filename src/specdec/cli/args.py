@@ -182,11 +182,33 @@ def resolve(args: argparse.Namespace, method: Method) -> tuple[Method, str | Non
 
     if method.kind != "auto":
         return method, None
-    chosen, why = choose(setup_of(args, method.vocab))
+    chosen, why = choose(setup_of(args, method.vocab), draft_vocabulary(args))
     resolved, dropped = resolve_auto(method, chosen)
     shown = "plain decoding" if resolved.kind == "ar" else resolved.label
     unused = f"; {', '.join(dropped)} not applied" if dropped and resolved.kind != "ar" else ""
     return resolved, f"{shown} ({why}){unused}"
+
+
+def draft_vocabulary(args: argparse.Namespace) -> int | None:
+    """The vocabulary size in the config of --draft (a registry model or a local folder), read
+    without loading weights; None where there is no draft or no readable config (a hub id is not
+    fetched for this)."""
+    from pathlib import Path
+
+    from transformers import AutoConfig
+
+    from ..models.registry import REGISTRY, converted_folder
+
+    if args.draft in REGISTRY:
+        where = converted_folder(REGISTRY[args.draft])
+    elif Path(args.draft).is_dir():
+        where = args.draft
+    else:
+        return None
+    try:
+        return AutoConfig.from_pretrained(where, trust_remote_code=args.trust_remote_code).vocab_size
+    except (OSError, ValueError):
+        return None
 
 
 def load_advice(path: str | None):

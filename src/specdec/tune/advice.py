@@ -33,8 +33,12 @@ VERSION = 3
 # 1.77x the int4 target's plain decoding and 1.51x llama.cpp's on HumanEval/0-19 (2-core AMD
 # EPYC Zen 5, README "The fastest lossless CPU recipe", docs/quant.md). A CPU with the portable
 # kernels only: the int8 draft with k=2 (docs/bench/README.md, a CPU without native bf16). Elsewhere
-# the plain draft (int8 and int4 kernels are CPU-only).
-DEFAULT_CHOICE = {"cpu-kernels": "hybrid:k=3:quant=int4", "cpu": "draft:k=2:quant=int8", "other": "draft:k=2"}
+# the plain draft (int8 and int4 kernels are CPU-only). The draft's head restricted to 32768 ids
+# where the vocabulary is larger (default_choice): on a 2-core Xeon that hybrid was advise's
+# choice and 2.15x/1.83x llama.cpp pooled on code/chat against the full head's 1.70x/1.75x; on
+# the Zen 5 the restricted-head draft beat the full-head hybrid on code (docs/generate.md).
+DEFAULT_CHOICE = {"cpu-kernels": "hybrid:k=3:quant=int4:vocab=32768", "cpu": "draft:k=2:quant=int8",
+                  "other": "draft:k=2"}
 
 
 @dataclass(frozen=True)
@@ -245,12 +249,22 @@ def device_kind(device: str) -> str:
     return "cpu-kernels" if kernel_path(device) in FAST_PATHS else "cpu"
 
 
-def choose(setup: Setup) -> tuple[Method, str]:
-    """The method the saved advice for `setup` recommends, else the device's default; and why."""
+def default_choice(device: str, vocabulary: int | None) -> Method:
+    """The device's measured default; its restricted head only where the draft's vocabulary
+    (None: unknown) has more ids than the head keeps."""
+    method = parse(DEFAULT_CHOICE[device_kind(device)])
+    if method.vocab and (vocabulary is None or vocabulary <= method.vocab):
+        return replace(method, vocab=None)
+    return method
+
+
+def choose(setup: Setup, vocabulary: int | None = None) -> tuple[Method, str]:
+    """The method the saved advice for `setup` recommends, else the device's default (for a
+    draft of `vocabulary` ids: default_choice); and why."""
     path = advice_path(setup)
     if not path.is_file():
         kind = device_kind(setup.device)
-        return parse(DEFAULT_CHOICE[kind]), (f"no advice measured for this setup yet, so the measured default of a "
+        return default_choice(setup.device, vocabulary), (f"no advice measured for this setup yet, so the measured default of a "
                                              f"{kind} device; `specdec advise` (same --target/--draft/--dtype) "
                                              "measures it here")
     try:
