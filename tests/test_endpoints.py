@@ -15,7 +15,9 @@ from fake_openai import FakeServer, completion_ids, expected_counters
 
 from specdec.bench.served import position_rates, server_acceptance
 from specdec.bench.store import read_rows
+from specdec.bench.summary import endpoint_baselines
 from specdec.cli import main
+from specdec.cli.bench import parse_baselines
 from specdec.conform.endpoints import compare
 from specdec.errors import SpecdecError
 from specdec.external.endpoints.metrics import SpecCounters, has_spec_counters, parse_counters
@@ -246,7 +248,8 @@ def test_bench_endpoints_with_vllm_counters_and_concurrency(tmp_path, tiny_token
     assert spec_summary["greedy_equal"]["mismatches"] == 0 and spec_summary["speedup"] is not None
     assert spec_summary["acceptance_rate"] == pytest.approx(4 / 9)  # (3 + 1) accepted of 9 per 3 drafts
     config = json.loads((tmp_path / "run" / "config.json").read_text())
-    assert config["baseline"] == "endpoint:name=plain" and config["concurrency"] == 2
+    assert config["baselines"] == {"endpoint:name=plain": "endpoint:name=plain",
+                                   "endpoint:name=spec": "endpoint:name=plain"} and config["concurrency"] == 2
     assert config["endpoints"]["spec"] == {"api": "completions", "model": "fake", "vllm_metrics": True,
                                            "prompt_form": "ids"}
     assert all(r["prompt_form"] == "ids" for r in rows)
@@ -262,6 +265,51 @@ def test_bench_explains_a_difference_between_servers_by_the_baselines_gap(tmp_pa
     for d in equal["differences"]:  # the fake's runner-up is 0.5 below its choice: not a tie at 0.1
         assert (d["position"], d["kind"]) == (2, "not a tie") and d["gap"] == pytest.approx(0.5)
     assert "token 2, gap 0.5, not a tie" in (tmp_path / "run" / "report.md").read_text()
+
+
+def test_each_engine_has_its_own_baseline(tmp_path, tiny_tokenizer, prompts_file):
+    """Two engines in one run: a2 is compared with a (and differs from it), b2 with b (its equal);
+    against a single baseline b2 would differ too."""
+    with FakeServer() as a, FakeServer(part_at=2) as a2, FakeServer(part_at=2) as b, FakeServer(part_at=2) as b2:
+        assert bench(tmp_path / "run", f"a={a.url}", f"a2={a2.url}", f"b={b.url}", f"b2={b2.url}",
+                     extra=("--baseline", "a=a2", "--baseline", "b=b2")) == 0
+    methods = json.loads((tmp_path / "run" / "summary.json").read_text())["overall"]["methods"]
+    assert methods["endpoint:name=a2"]["greedy_equal"]["mismatches"] == 4
+    assert methods["endpoint:name=b2"]["greedy_equal"]["mismatches"] == 0
+    assert methods["endpoint:name=b2"]["speedup"] is not None
+    assert methods["endpoint:name=a"]["speedup"] is None and methods["endpoint:name=b"]["speedup"] is None
+    differences = json.loads((tmp_path / "run" / "differences.json").read_text())
+    assert {key.split("|")[0] for key in differences} == {"endpoint:name=a2"} and len(differences) == 4
+    report = (tmp_path / "run" / "report.md").read_text()
+    assert "endpoint **b2**: model fake, prompts sent as token ids; acceptance from vLLM's /metrics; compared with **b**" \
+        in report and "endpoint **b**: model fake, prompts sent as token ids; acceptance from vLLM's /metrics; the " \
+        "baseline of its engine" in report
+
+
+@pytest.mark.parametrize("texts, expected", [
+    (["a"], {"a": "a", "a2": "a", "b": "a", "b2": "a"}),
+    (["a=a2", "b=b2"], {"a": "a", "a2": "a", "b": "b", "b2": "b"}),
+    (["b=b2", "a"], {"a": "a", "a2": "a", "b": "b", "b2": "b"}),  # a bare baseline: the endpoints left over
+    (["a=a2,b2"], {"a": "a", "a2": "a", "b2": "a"}),
+])
+def test_baselines_name_each_endpoints_own(texts, expected):
+    assert parse_baselines(texts, ["a", "a2", "b", "b2"]) == expected
+
+
+@pytest.mark.parametrize("texts, message", [
+    (["x"], "--baseline x is not one of the endpoints"), (["a=x"], "x is not one of the endpoints"),
+    (["a="], "name the endpoints compared with a"), (["a", "b"], "only one baseline may go without"),
+    (["a=b", "b=b2"], "endpoint b has two baselines"), (["a=a2", "b=a2"], "endpoint a2 has two baselines"),
+])
+def test_bad_baselines_are_one_line_errors(texts, message):
+    with pytest.raises(SpecdecError, match=message):
+        parse_baselines(texts, ["a", "a2", "b", "b2"])
+
+
+def test_a_run_from_before_per_endpoint_baselines_keeps_its_one_baseline():
+    config = {"methods": ["ar", "endpoint:name=p", "endpoint:name=s"], "baseline": "endpoint:name=p"}
+    assert endpoint_baselines(config) == {"endpoint:name=p": "endpoint:name=p", "endpoint:name=s": "endpoint:name=p"}
+    assert endpoint_baselines({"methods": ["endpoint:name=p"], "baseline": None}) == {}
 
 
 def test_a_server_failing_mid_run_keeps_the_rows_and_resume_continues(tmp_path, tiny_tokenizer, prompts_file, capsys):

@@ -107,24 +107,24 @@ class EndpointExecutor:
 
 
 def explain_endpoint_differences(out: Path, executor: EndpointExecutor, prompt_ids: dict[str, list[int]],
-                                 baseline: str, tolerance: float = DEFAULT_TOLERANCE) -> dict:
-    """For every endpoint row whose output differs from the baseline endpoint's, ask both servers
-    again with two top logprobs and file the first difference with the baseline's gap there
-    (endpoint_check.compare) in differences.json, as agreement.explain_differences does for
-    hf-ar; greedy servers repeat themselves, and a difference that does not come back is filed
-    as "not reproduced". Rows explained before are kept; returns the file's content."""
+                                 baselines: dict[str, str], tolerance: float = DEFAULT_TOLERANCE) -> dict:
+    """For every endpoint row whose output differs from its baseline endpoint's (`baselines`:
+    endpoint label -> baseline label), ask both servers again with two top logprobs and file the
+    first difference with the baseline's gap there (endpoint_check.compare) in differences.json,
+    as agreement.explain_differences does for hf-ar; greedy servers repeat themselves, and a
+    difference that does not come back is filed as "not reproduced". Rows explained before are
+    kept; returns the file's content."""
     path = out / DIFFERENCES
     known = read_differences(out)
     rows = read_rows(out)
-    base = {(r["prompt_id"], r["repeat"]): r for r in rows if r["method"] == baseline}
+    by_key = {(r["method"], r["prompt_id"], r["repeat"]): r for r in rows}
     for r in rows:
-        ref = base.get((r["prompt_id"], r["repeat"]))
+        baseline = baselines.get(r["method"])
+        ref = by_key.get((baseline, r["prompt_id"], r["repeat"]))
         key = row_key(r)
         if ref is None or r["method"] == baseline or key in known or same_output(r, ref):
             continue
         method = parse(r["method"])
-        if not method.is_endpoint:
-            continue
         ids = prompt_ids[r["prompt_id"]]
         again = [executor.complete(m, ids, executor.settings.max_new_tokens, top_logprobs=TOP_LOGPROBS)
                  for m in (parse(baseline), method)]

@@ -16,7 +16,7 @@ from ..files import read_json, write_atomic, write_json_atomic, write_text_atomi
 from ..fmt import ms, num, pct, table
 from .agreement import read_differences
 from .store import CONFIG, RESULTS, SUMMARY, read_rows
-from .summary import summarize
+from .summary import endpoint_baselines, summarize
 
 REPORT = "report.md"
 HF_DECODE = "decode (HF, not split)"
@@ -102,10 +102,17 @@ PROMPT_FORMS = {"ids": "token ids", "text": "text (the server takes no token ids
 
 
 def _endpoints(config: dict) -> list[str]:
-    """Each endpoint's model and the form its prompts were sent in (a run from before the probe asked: ids)."""
+    """Each endpoint's model, the form its prompts were sent in (a run from before the probe
+    asked: ids) and what its speedup and equality are measured against."""
+    baselines = endpoint_baselines(config)
     return [f"- endpoint **{name}**: model {e['model']}, prompts sent as {PROMPT_FORMS[e.get('prompt_form', 'ids')]}"
-            + ("; acceptance from vLLM's /metrics" if e["vllm_metrics"] else "")
+            + ("; acceptance from vLLM's /metrics" if e["vllm_metrics"] else "") + _compared(name, baselines)
             for name, e in config.get("endpoints", {}).items()]
+
+
+def _compared(name: str, baselines: dict[str, str]) -> str:
+    base = baselines.get(f"endpoint:name={name}", "ar").removeprefix("endpoint:name=")
+    return "; the baseline of its engine" if base == name else f"; compared with **{base}**"
 
 
 def _provenance(env: dict) -> list[str]:
@@ -154,7 +161,7 @@ def _equality_section(group: dict) -> list[str]:
     checks = {label: m["greedy_equal"] for label, m in group["methods"].items() if m["greedy_equal"]}
     lines = []
     if checks:
-        lines += ["## Greedy output equal to the baseline (ar; an endpoint: the --baseline endpoint), bit for bit", ""]
+        lines += ["## Greedy output equal to the baseline (ar; an endpoint: its --baseline endpoint), bit for bit", ""]
         for label, c in checks.items():
             verdict = "all equal" if not c["mismatches"] else (
                 f"**{c['mismatches']} differ**: {', '.join(map(str, c['mismatching_prompts']))}"
