@@ -306,6 +306,22 @@ def test_bad_baselines_are_one_line_errors(texts, message):
         parse_baselines(texts, ["a", "a2", "b", "b2"])
 
 
+def test_serving_bench_compares_each_speculative_server_with_its_own_engines_plain_one():
+    import importlib.util
+
+    path = Path(__file__).parent.parent / "scripts" / "serving_bench.py"
+    spec = importlib.util.spec_from_file_location("serving_bench", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    names = ["llama-plain", "llama-spec", "vllm-plain", "vllm-ngram", "vllm-draft_model"]
+    pairs = script.plain_of(names)
+    assert pairs == {"llama-spec": "llama-plain", "vllm-ngram": "vllm-plain", "vllm-draft_model": "vllm-plain"}
+    args = script.baseline_args(pairs)
+    assert args == ["--baseline", "llama-plain=llama-spec", "--baseline", "vllm-plain=vllm-ngram,vllm-draft_model"]
+    assert parse_baselines(args[1::2], names) == {**pairs, "llama-plain": "llama-plain", "vllm-plain": "vllm-plain"}
+    assert script.plain_of(["vllm-draft_model"]) == {}  # started alone: nothing to compare with
+
+
 def test_a_run_from_before_per_endpoint_baselines_keeps_its_one_baseline():
     config = {"methods": ["ar", "endpoint:name=p", "endpoint:name=s"], "baseline": "endpoint:name=p"}
     assert endpoint_baselines(config) == {"endpoint:name=p": "endpoint:name=p", "endpoint:name=s": "endpoint:name=p"}
