@@ -341,6 +341,54 @@ def test_a_server_failing_mid_run_keeps_the_rows_and_resume_continues(tmp_path, 
     assert [r["prompt_id"] for r in rows] == ["1", "2", "3", "4"]
 
 
+def test_resume_adds_an_endpoint_paired_with_a_baseline_measured_before(tmp_path, tiny_tokenizer, tiny_registry,
+                                                                         prompts_file, monkeypatch):
+    """Servers that do not fit in memory together: a finished run over ar, a and a2 is resumed with
+    a3 added (a up again, a2 down): only a3's rows are measured, compared with a's earlier rows,
+    its difference explained by asking a again; ar's model is not loaded again."""
+    out = tmp_path / "run"
+    local = ("--methods", "ar", "--dtype", "float32")
+    with FakeServer() as a, FakeServer() as a2:
+        assert bench(out, f"a={a.url}", f"a2={a2.url}", extra=(*local, "--baseline", "a=a2")) == 0
+    first = read_rows(out)
+    assert len(first) == 12
+    import specdec.cli.bench as cli_bench
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("a resumed run with ar finished loaded the target")
+
+    monkeypatch.setattr(cli_bench, "load_target", no_model)
+    down = f"http://127.0.0.1:{free_port()}"
+    with FakeServer() as a, FakeServer(part_at=2) as a3:
+        assert bench(out, f"a={a.url}", f"a2={down}", f"a3={a3.url}",
+                     extra=(*local, "--baseline", "a=a2,a3", "--resume")) == 0
+        assert len(a.prompts) == 4  # asked again for the baseline's gaps only, nothing measured
+    rows = read_rows(out)
+    assert rows[:12] == first and [r["method"] for r in rows[12:]] == ["endpoint:name=a3"] * 4
+    config = json.loads((out / "config.json").read_text())
+    assert config["methods"] == ["ar", "endpoint:name=a", "endpoint:name=a2", "endpoint:name=a3"]
+    assert [x["methods"] for x in config["additions"]] == [["endpoint:name=a3"]]
+    assert config["endpoints"]["a2"]["model"] == "fake"  # the down one's entry, as stored
+    methods = json.loads((out / "summary.json").read_text())["overall"]["methods"]
+    equal = methods["endpoint:name=a3"]["greedy_equal"]
+    assert equal["mismatches"] == 4 and {d["kind"] for d in equal["differences"]} == {"not a tie"}
+    assert methods["endpoint:name=a3"]["speedup"] is not None and methods["endpoint:name=a2"]["greedy_equal"]
+    assert "- added on --resume, started " in (out / "report.md").read_text()
+
+
+def test_resume_refuses_methods_in_another_order_and_an_unfinished_endpoint_that_is_down(
+        tmp_path, tiny_tokenizer, prompts_file, capsys):
+    out = tmp_path / "run"
+    with FakeServer() as a, FakeServer() as b:
+        assert bench(out, f"a={a.url}", f"b={b.url}") == 0
+        assert bench(out, f"b={b.url}", f"a={a.url}", extra=("--resume",)) == 2
+        assert "differs from this run in methods" in capsys.readouterr().err
+    down = f"http://127.0.0.1:{free_port()}"
+    with FakeServer() as a, FakeServer() as b:
+        assert bench(out, f"a={a.url}", f"b={b.url}", f"c={down}", extra=("--resume",)) == 2
+    assert "endpoint c: cannot connect" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("mode, message", [("html", "not answer as an OpenAI-compatible server"),
                                            ("down", "cannot connect")])
 def test_bench_refuses_a_server_that_is_down_or_not_openai_before_any_row(tmp_path, tiny_tokenizer, prompts_file,

@@ -24,6 +24,7 @@ from pathlib import Path
 import httpx
 
 from ..conform.endpoints import DEFAULT_TOLERANCE, TOP_LOGPROBS, compare
+from ..errors import SpecdecError
 from ..external.endpoints.metrics import SpecCounters, parse_counters
 from ..external.endpoints.spec import Endpoint, Served, get, probe
 from ..external.endpoints.stream import Request, Streamed, complete
@@ -56,13 +57,26 @@ class EndpointExecutor:
         self.client = httpx.Client(timeout=httpx.Timeout(settings.timeout_s))
         self.served: dict[str, Served] = {}
 
-    def prepare(self) -> dict[str, dict]:
+    def prepare(self, finished: dict[str, dict | None] | None = None) -> dict[str, dict]:
         """Probe every endpoint once (a one-line error if one is down or not OpenAI-compatible);
         returns what each serves, for the run's config (the URLs go to its environment: a
-        server restarted on another port may continue a run, store.VOLATILE)."""
-        self.served = {name: probe(e, self.client) for name, e in self.endpoints.items()}
-        return {name: {"api": e.api, "model": self.served[name].model, "vllm_metrics": self.served[name].vllm_metrics,
-                       "prompt_form": self.served[name].prompt_form} for name, e in self.endpoints.items()}
+        server restarted on another port may continue a run, store.VOLATILE). `finished`: the
+        labels of endpoints whose rows a resumed run has, with their stored entries: one of
+        those that is down keeps its entry and is asked nothing (nothing is left to measure)."""
+        entries = {}
+        for name, e in self.endpoints.items():
+            stored = (finished or {}).get(f"endpoint:name={name}")
+            try:
+                self.served[name] = probe(e, self.client)
+            except SpecdecError:
+                if stored is None:
+                    raise
+                entries[name] = stored
+                continue
+            served = self.served[name]
+            entries[name] = {"api": e.api, "model": served.model, "vllm_metrics": served.vllm_metrics,
+                             "prompt_form": served.prompt_form}
+        return entries
 
     def urls(self) -> dict[str, str]:
         return {name: e.url for name, e in self.endpoints.items()}
@@ -125,6 +139,8 @@ def explain_endpoint_differences(out: Path, executor: EndpointExecutor, prompt_i
         if ref is None or r["method"] == baseline or key in known or same_output(r, ref):
             continue
         method = parse(r["method"])
+        if not {method.name, parse(baseline).name} <= set(executor.served):
+            continue  # a finished endpoint that is down now (a resumed run): left unexplained
         ids = prompt_ids[r["prompt_id"]]
         again = [executor.complete(m, ids, executor.settings.max_new_tokens, top_logprobs=TOP_LOGPROBS)
                  for m in (parse(baseline), method)]

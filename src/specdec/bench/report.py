@@ -94,6 +94,9 @@ def _header(config: dict) -> list[str]:
         f"methods interleaved per prompt after one warm-up generation each",
         f"- peak memory: {config['memory']['meaning']}",
         *_endpoints(config),
+        *[f"- added on --resume, started {a['date']} at commit {(a['git_commit'] or 'unknown')[:12]}: "
+          + ", ".join(f"`{m}`" for m in a["methods"]) + " (their rows measured after the others')"
+          for a in config.get("additions", [])],
     ]
 
 

@@ -112,16 +112,18 @@ def cmd_bench(args: argparse.Namespace) -> int:
         config["auto"] = {"runs": auto.label, "why": why}
     remote = EndpointExecutor(endpoints, EndpointSettings(args.max_new_tokens, args.endpoint_timeout), {}) \
         if endpoints else None
+    finished = finished_methods(out, prompts, args.repeats) if args.resume else {}
     if remote:  # probed before the slow part: a server that is down is an error at once
-        config.update(endpoints=remote.prepare(), baselines=baselines, concurrency=args.concurrency)
+        config.update(endpoints=remote.prepare(finished), baselines=baselines, concurrency=args.concurrency)
         config["environment"]["endpoint_urls"] = remote.urls()
     # Checked before the models load (slow), so a refused folder is refused at once.
     check_out_dir(out, config, args.resume)
 
     advice = load_advice(args.pay_rule)
-    target, tokenizer = load_target(args) if local else (None, load_tokenizer(args.target, args.trust_remote_code))
+    local_todo = [m for m in local if m.label not in finished]  # a resumed run loads no model it will not run
+    target, tokenizer = load_target(args) if local_todo else (None, load_tokenizer(args.target, args.trust_remote_code))
     executor = None
-    if local:
+    if local_todo:
         drafts = load_drafts(args, target, tokenizer, _resolved(local, auto))
         settings = RunSettings(args.max_new_tokens, sampling, args.seed, eos_of(target))
         executor = Executor(target, drafts, settings, memory, auto, advice, target_name=args.target)
@@ -145,10 +147,27 @@ def cmd_bench(args: argparse.Namespace) -> int:
     finally:
         if remote:
             remote.close()
-    if sampling.greedy and any(m.kind == REFERENCE for m in methods):
+    if sampling.greedy and target is not None and any(m.kind == REFERENCE for m in methods):
         explain_differences(out, target, {e.prompt.id: e.ids for e in encoded})
     print(_digest(report_folder(out)) + f"\nreport: {out / REPORT}", file=sys.stderr)
     return 0
+
+
+def finished_methods(out: Path, prompts, repeats: int) -> dict[str, dict]:
+    """The methods of a run in `out` with a row for every prompt and repeat: their labels, each
+    with the endpoint entry the run's config stored for it (None for specdec's own methods). On
+    --resume these need not run again: a finished endpoint may be down."""
+    from ..bench.store import CONFIG, read_rows
+    from ..files import read_json
+
+    if not (out / CONFIG).is_file():
+        return {}
+    wanted = {(p.id, r) for p in prompts for r in range(repeats)}
+    have: dict[str, set] = {}
+    for row in read_rows(out):
+        have.setdefault(row["method"], set()).add((row["prompt_id"], row["repeat"]))
+    stored = read_json(out / CONFIG).get("endpoints") or {}
+    return {label: stored.get(label.removeprefix("endpoint:name=")) for label, done in have.items() if wanted <= done}
 
 
 def bench_endpoints(args: argparse.Namespace, local: list[Method], sampling) -> tuple[list, dict[str, str]]:
