@@ -21,7 +21,12 @@ own engine's plain one (--baseline llama-plain=llama-spec ...). Everything after
 --draft defaults to the model itself; --server-args are passed to every server, --spec-args to
 llama-spec only. vLLM: each --spec-config is a speculative server's speculative_config (`specdec
 advise --export vllm --json` prints one), a registry name as its `model` meaning that model's
-converted folder. --check writes check-NAME.json into --out for each speculative server.
+converted folder. --check writes check-NAME.json into --out for each speculative server started.
+
+Servers that do not fit in memory together are measured in passes over one bench folder: the
+first without some servers, a later one with them added (bench --resume adds methods) and
+--only naming the ones to start, e.g. vllm-plain (asked again for the gaps of differences) and
+the new vllm-draft_model.
 """
 
 from __future__ import annotations
@@ -59,10 +64,11 @@ def main() -> int:
     p.add_argument("--out", required=True)
     p.add_argument("--check", action="store_true", help="also run specdec check --endpoint of each speculative "
                    "server against its engine's plain one")
-    p.add_argument("--only", help="comma list of the servers to start (the others are not): where they do not all "
-                   "fit in memory (vLLM CPU: about 8 GB per 1.5B server)")
-    p.add_argument("--spec-only", action="store_true", help="start the speculative servers alone (no baseline, no "
-                   "check)")
+    p.add_argument("--only", help="comma list of the servers to start: bench still gets every server as an endpoint, "
+                   "the others down, for a resumed run (bench --resume) that has their rows and adds the started "
+                   "ones'; where the servers do not all fit in memory (vLLM CPU: 8-9 GB per 1.5B server)")
+    p.add_argument("--spec-only", action="store_true", help="start and measure the speculative servers alone (no "
+                   "baseline, no check)")
     args, bench = p.parse_known_args()
     bench = [a for a in bench if a != "--"]
     out = Path(args.out)
@@ -70,7 +76,9 @@ def main() -> int:
     servers = {}
     for engine in args.engine or ["llamacpp"]:
         servers.update((llama_servers if engine == "llamacpp" else vllm_servers)(args, out))
-    chosen = args.only.split(",") if args.only else [n for n in servers if not (args.spec_only and is_plain(n))]
+    if args.spec_only:
+        servers = {n: s for n, s in servers.items() if not is_plain(n)}
+    chosen = args.only.split(",") if args.only else list(servers)
     unknown = [n for n in chosen if n not in servers]
     if unknown:
         raise SystemExit(f"--only {','.join(unknown)}: not among the servers {', '.join(servers)}")
@@ -78,9 +86,10 @@ def main() -> int:
         started = {name: stack.enter_context(servers[name]) for name in chosen}
         for name, server in started.items():
             print(f"[serving] {name}: {shlex.join(server.command)}", file=sys.stderr)
-        endpoints = [a for name, server in started.items() for a in ("--endpoint", f"{name}={server.url}/v1/completions")]
+        endpoints = [a for name, server in servers.items() for a in ("--endpoint", f"{name}={server.url}/v1/completions")]
+        code = specdec(["bench", *endpoints, *baseline_args(plain_of(list(servers))), "--out", str(out / "bench"),
+                        *bench])
         pairs = plain_of(list(started))
-        code = specdec(["bench", *endpoints, *baseline_args(pairs), "--out", str(out / "bench"), *bench])
         target = bench[bench.index("--target") + 1] if "--target" in bench else args.model
         if args.check and code == 0:
             for spec, plain in pairs.items():
@@ -131,8 +140,6 @@ def llama_servers(args: argparse.Namespace, out: Path) -> dict[str, LlamaServer]
 
 def vllm_servers(args: argparse.Namespace, out: Path) -> dict[str, VllmServer]:
     """A plain vLLM server and one per --spec-config (not started yet)."""
-    if not args.spec_config:
-        raise SystemExit("--engine vllm needs --spec-config JSON (e.g. from specdec advise --export vllm --json)")
     folder = converted_folder(REGISTRY[args.model])
     extra = shlex.split(args.server_args)
     servers = {"vllm-plain": VllmServer(folder, threads=args.threads, args=extra, log=out / "server-vllm-plain.log")}

@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pytest
 from conftest import word_tokenizer
 from fake_openai import FakeServer, completion_ids, expected_counters
@@ -247,6 +248,12 @@ def test_bench_endpoints_with_vllm_counters_and_concurrency(tmp_path, tiny_token
     spec_summary = summary["overall"]["methods"]["endpoint:name=spec"]
     assert spec_summary["greedy_equal"]["mismatches"] == 0 and spec_summary["speedup"] is not None
     assert spec_summary["acceptance_rate"] == pytest.approx(4 / 9)  # (3 + 1) accepted of 9 per 3 drafts
+    for first, second in zip(rows[::2], rows[1::2]):  # a wave of two: its wall time and all its tokens, on both rows
+        assert first["wave_s"] == second["wave_s"] >= max(r["prefill_s"] + r["decode_s"] for r in (first, second))
+        assert first["wave_tokens"] == second["wave_tokens"] == first["n_new"] + second["n_new"] == 12
+    aggregate = [r["wave_tokens"] / r["wave_s"] for r in rows if r["method"] == "endpoint:name=spec"]
+    assert spec_summary["aggregate_tokens_per_s"]["median"] == pytest.approx(float(np.median(aggregate)))
+    assert "## Under load: 2 requests at once" in (tmp_path / "run" / "report.md").read_text()
     config = json.loads((tmp_path / "run" / "config.json").read_text())
     assert config["baselines"] == {"endpoint:name=plain": "endpoint:name=plain",
                                    "endpoint:name=spec": "endpoint:name=plain"} and config["concurrency"] == 2

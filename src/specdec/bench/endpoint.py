@@ -8,7 +8,8 @@ of vLLM's /metrics counters read before and after. Where the server names no tok
 row's `new_tokens` is None and its `text` is what equality compares.
 
 Concurrency: `run_wave` sends one request per prompt of a wave at once, each on its own
-thread, and times each stream on its own; vLLM's counters are read around the whole wave (they
+thread, and times each stream on its own, and the wave as a whole (wave_s: from sending to the
+last stream's end; wave_tokens: all its new tokens, on each of its rows); vLLM's counters are read around the whole wave (they
 are the server's, not a request's) and filed under the wave's first row only, so sums over rows
 count each wave once. A wave whose any request fails writes no row: its rows were measured
 under a load the others did not see through.
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -93,12 +95,16 @@ class EndpointExecutor:
         counters = self._counters(method)
         before = counters() if counters else None
         one = lambda ids: self.complete(method, ids, self.settings.max_new_tokens)
+        start = time.perf_counter()
         if len(prompts) == 1:
             streams = [one(prompts[0])]
         else:
             with ThreadPoolExecutor(max_workers=len(prompts)) as pool:
                 streams = list(pool.map(one, prompts))
+        wave = {"wave_s": time.perf_counter() - start, "wave_tokens": sum(s.n_tokens for s in streams)}
         rows = [endpoint_row(s, len(prompts), self.served[method.name].prompt_form) for s in streams]
+        for row in rows:
+            row.served.update(wave)
         if counters:
             rows[0].served.update(counters().minus(before).row_fields())
         return rows

@@ -65,6 +65,7 @@ def render_markdown(summary: dict, plots: list[str]) -> str:
     if len(summary["categories"]) > 1:
         for name, group in summary["categories"].items():
             lines += _table(f"Category: {name}", group)
+    lines += _load_table(summary["config"], summary["overall"])
     lines += _prediction_table(summary["overall"])
     lines += _equality_section(summary["overall"])
     lines += ["## Plots", ""] + [f"![{name[:-4]}]({name})" for name in plots] + [""]
@@ -143,6 +144,18 @@ def _table(title: str, group: dict) -> list[str]:
         _predicted(m["prediction"]), num(m["prefill_s"]["median"]), _mib(m["peak_memory_bytes"]),
     ] for label, m in group["methods"].items()]
     return lines + table(TABLE_HEAD, rows) + [""]
+
+
+def _load_table(config: dict, group: dict) -> list[str]:
+    """Endpoints under load: each request's decode rate beside what the server delivered in all."""
+    n = config.get("concurrency", 1)
+    rows = [[f"`{label}`", _quartiles(m["tokens_per_s"]), _quartiles(m["aggregate_tokens_per_s"]),
+             num(m["prefill_s"]["median"])]
+            for label, m in group["methods"].items() if m.get("aggregate_tokens_per_s")]
+    if not rows or n == 1:
+        return []
+    return [f"## Under load: {n} requests at once (overall)", ""] + table(
+        ["endpoint", "decode tok/s per request [q1, q3]", "aggregate tok/s per wave [q1, q3]", "TTFT s"], rows) + [""]
 
 
 def _prediction_table(group: dict) -> list[str]:

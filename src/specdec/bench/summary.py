@@ -44,6 +44,9 @@ NOTES = {
     "last; acceptance is what the server reports (llama.cpp: timings.draft_n_accepted / draft_n per request; "
     "vLLM: its /metrics counters read before and after each request or concurrent wave); speedups are over "
     "the endpoint's --baseline endpoint (the report's header names it) on the same prompt and repeat",
+    "aggregate_tokens_per_s": "endpoints: per wave of --concurrency requests sent at once, all their new tokens "
+    "over the wave's wall time, from sending to the last stream's end (prefills included; with --concurrency 1 a "
+    "request's own end-to-end rate); quartiles over rows, each row carrying its wave's figure",
     "hf_agreement": "greedy runs with hf-ar only: prompts equal to transformers' plain generate() (run on an "
     "unmodified copy of the target) in every repeat; each difference with the target's top-1/top-2 logit "
     "gap at its first differing token (specdec's forward of the common prefix): an exact tie, a near-tie "
@@ -144,6 +147,8 @@ def summarize_method(rows: list[dict], label: str, method: Method, baseline: lis
         "greedy_equal": greedy_equality(rows, baseline, differences if method.is_endpoint else None)
         if greedy and baseline and not is_baseline else None,
         "prediction": prediction(rows, baseline, method, speedup) if method.speculative and speedup else None,
+        # an endpoint's throughput under load: each wave's new tokens over its wall time (prefills included)
+        "aggregate_tokens_per_s": quartiles([r["wave_tokens"] / r["wave_s"] for r in rows if r.get("wave_s")]),
         "peak_memory_bytes": max((r["peak_memory_bytes"] for r in rows if r["peak_memory_bytes"] is not None),
                                  default=None),
     }
