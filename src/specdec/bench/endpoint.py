@@ -17,9 +17,9 @@ under a load the others did not see through.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
