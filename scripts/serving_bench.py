@@ -61,6 +61,8 @@ def main() -> int:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--parallel", type=int, default=1, help="llama.cpp: server slots (requests served at once), both "
                    "servers; give bench --concurrency the same number (vLLM batches up to 4 by itself)")
+    p.add_argument("--concurrency", help="comma list N,...: one bench per N on the same servers (bench --concurrency "
+                   "N, into --out/bench-cN), llama.cpp's slots the largest N; servers start once for all")
     p.add_argument("--out", required=True)
     p.add_argument("--check", action="store_true", help="also run specdec check --endpoint of each speculative "
                    "server against its engine's plain one")
@@ -71,6 +73,8 @@ def main() -> int:
                    "baseline, no check)")
     args, bench = p.parse_known_args()
     bench = [a for a in bench if a != "--"]
+    levels = [int(n) for n in args.concurrency.split(",")] if args.concurrency else [1]
+    args.parallel = max(args.parallel, *levels)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     servers = {}
@@ -87,8 +91,11 @@ def main() -> int:
         for name, server in started.items():
             print(f"[serving] {name}: {shlex.join(server.command)}", file=sys.stderr)
         endpoints = [a for name, server in servers.items() for a in ("--endpoint", f"{name}={server.url}/v1/completions")]
-        code = specdec(["bench", *endpoints, *baseline_args(plain_of(list(servers))), "--out", str(out / "bench"),
-                        *bench])
+        common = ["bench", *endpoints, *baseline_args(plain_of(list(servers)))]
+        code = 0
+        for n in levels:
+            code = code or specdec([*common, "--out", str(out / (f"bench-c{n}" if args.concurrency else "bench")),
+                                    *(["--concurrency", str(n)] if args.concurrency else []), *bench])
         pairs = plain_of(list(started))
         target = bench[bench.index("--target") + 1] if "--target" in bench else args.model
         if args.check and code == 0:
