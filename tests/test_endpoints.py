@@ -396,6 +396,18 @@ def test_resume_refuses_methods_in_another_order_and_an_unfinished_endpoint_that
     assert "endpoint c: cannot connect" in capsys.readouterr().err
 
 
+def test_a_folder_whose_config_names_no_methods_resumes_as_before(tmp_path):
+    """A sweep's config has no "methods": resuming it compares the configs and adds nothing."""
+    from specdec.bench.store import check_out_dir
+
+    config = {"settings": {"methods": ["ar"]}, "environment": {"date": "then"}}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    check_out_dir(tmp_path, {**config, "environment": {"date": "now"}}, resume=True)
+    assert json.loads((tmp_path / "config.json").read_text()) == config
+    with pytest.raises(SpecdecError, match="differs from this run in settings"):
+        check_out_dir(tmp_path, {"settings": {"methods": ["ar", "draft"]}, "environment": {}}, resume=True)
+
+
 @pytest.mark.parametrize("mode, message", [("html", "not answer as an OpenAI-compatible server"),
                                            ("down", "cannot connect")])
 def test_bench_refuses_a_server_that_is_down_or_not_openai_before_any_row(tmp_path, tiny_tokenizer, prompts_file,

@@ -48,7 +48,7 @@ def check_out_dir(out: Path, config: dict, resume: bool) -> None:
                 f"use another --out"
             )
     _probe_writable(out)
-    if existing and (added := current_config["methods"][len(stored_config["methods"]):]):
+    if existing and (added := current_config.get("methods", [])[len(stored_config.get("methods", [])):]):
         write_json_atomic(out / CONFIG, _with_additions(stored_config, current_config, added))
 
 
@@ -56,7 +56,8 @@ def _extends(stored: dict, current: dict) -> bool:
     """Whether `current` is `stored` with methods added after its own (and their endpoints)."""
     contains = lambda key: all(current.get(key, {}).get(k) == v for k, v in (stored.get(key) or {}).items())
     methods = lambda c: set(c.get("environment", {}).get("methods", []))
-    return (current["methods"][:len(stored["methods"])] == stored["methods"] and contains("endpoints")
+    before = stored.get("methods", [])  # a sweep's config names none
+    return (current.get("methods", [])[:len(before)] == before and contains("endpoints")
             and contains("baselines") and methods(stored) <= methods(current))
 
 
