@@ -1,23 +1,32 @@
-"""Start two servers on this machine, one plain and one speculative, llama.cpp's (default) or
-vLLM's (--engine vllm), and run `specdec bench --endpoint` (and optionally `specdec check
---endpoint`) against them: the runs behind docs/serving.md. The servers are stopped when the
-runs end, whatever happens.
+"""Start servers on this machine, for each engine a plain one and its speculative ones (llama.cpp's
+llama-server, the default, and/or vLLM's CPU server: --engine, repeatable), and run one `specdec
+bench --endpoint` over all of them (and optionally `specdec check --endpoint` of each speculative
+server against its engine's plain one): the runs behind docs/serving.md. The servers are stopped
+when the runs end, whatever happens.
 
     .venv/bin/python scripts/serving_bench.py --model smollm2-135m-instruct --out runs/serving \\
         -- --dataset humaneval --limit 10 --max-new-tokens 128 --target smollm2-135m-instruct
     .venv/bin/python scripts/serving_bench.py --model qwen2.5-coder-1.5b-instruct \\
         --draft qwen2.5-coder-0.5b-instruct --spec-args "--spec-draft-n-max 2 --spec-draft-p-min 0" --check \\
         --out runs/serving-qwen -- --dataset humaneval --limit 10 --methods ar,draft:k=2:quant=int8
+    .venv/bin/python scripts/serving_bench.py --engine llamacpp --engine vllm --model qwen2.5-coder-1.5b-instruct \\
+        --draft qwen2.5-coder-0.5b-instruct --spec-args "--spec-draft-n-max 3" \\
+        --spec-config '{"method": "ngram", "num_speculative_tokens": 16, "prompt_lookup_max": 3, "prompt_lookup_min": 1}' \\
+        --out runs/all -- --dataset humaneval --limit 10 --methods ar,auto
 
-    .venv/bin/python scripts/serving_bench.py --engine vllm --model qwen2.5-coder-1.5b-instruct \\
-        --spec-config '{"method": "draft_model", "model": "qwen2.5-coder-0.5b-instruct", "num_speculative_tokens": 2}' \\
-        --out runs/vllm-draft -- --dataset humaneval --limit 10
+Servers are named ENGINE-plain (llama-plain, vllm-plain), llama-spec, and vllm-METHOD for each
+--spec-config (vllm-ngram, vllm-draft_model, ...); bench compares each speculative server with its
+own engine's plain one (--baseline llama-plain=llama-spec ...). Everything after `--` goes to
+`specdec bench` (add --methods to run specdec's own methods beside the servers). llama.cpp:
+--draft defaults to the model itself; --server-args are passed to every server, --spec-args to
+llama-spec only. vLLM: each --spec-config is a speculative server's speculative_config (`specdec
+advise --export vllm --json` prints one), a registry name as its `model` meaning that model's
+converted folder. --check writes check-NAME.json into --out for each speculative server started.
 
-Everything after `--` goes to `specdec bench` (add --methods to run specdec's own methods beside
-the servers). llama.cpp: --draft defaults to the model itself; --server-args are passed to both
-servers, --spec-args to the speculative one only. vLLM: --spec-config is the speculative server's
-speculative_config (`specdec advise --export vllm --json` prints one), a registry name as its
-`model` meaning that model's converted folder. The check's JSON goes to stdout.
+Servers that do not fit in memory together are measured in passes over one bench folder: the
+first without some servers, a later one with them added (bench --resume adds methods) and
+--only naming the ones to start, e.g. vllm-plain (asked again for the gaps of differences) and
+the new vllm-draft_model.
 """
 
 from __future__ import annotations
@@ -34,70 +43,123 @@ from specdec.external.llama_server import LlamaServer
 from specdec.external.vllm_server import VllmServer
 from specdec.models.registry import REGISTRY, converted_folder, gguf_file
 
+PREFIX = {"llamacpp": "llama", "vllm": "vllm"}
+
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--engine", choices=("llamacpp", "vllm"), default="llamacpp")
+    p.add_argument("--engine", action="append", choices=tuple(PREFIX), help="llamacpp (default) and/or vllm")
     p.add_argument("--model", required=True, help="registry name of the served model (its GGUF for llama.cpp, "
                    "its converted folder for vLLM)")
     p.add_argument("--draft", help="llama.cpp: registry name of the draft (default: the model itself); none: no draft "
                    "model, the speculative server speculates as --spec-args say (e.g. n-gram lookup)")
     p.add_argument("--spec-args", default="", help="llama.cpp: more llama-server flags for the speculative server, "
                    "e.g. the ones `specdec advise --export llamacpp` prints")
-    p.add_argument("--spec-config", help="vLLM: the speculative server's speculative_config JSON")
-    p.add_argument("--server-args", default="", help="more server flags for both servers")
+    p.add_argument("--spec-config", action="append", default=[],
+                   help="vLLM: a speculative server's speculative_config JSON (repeatable: one server each)")
+    p.add_argument("--server-args", default="", help="more server flags for every server")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--parallel", type=int, default=1, help="llama.cpp: server slots (requests served at once), both "
                    "servers; give bench --concurrency the same number (vLLM batches up to 4 by itself)")
+    p.add_argument("--concurrency", help="comma list N,...: one bench per N on the same servers (bench --concurrency "
+                   "N, into --out/bench-cN), llama.cpp's slots the largest N; servers start once for all")
     p.add_argument("--out", required=True)
-    p.add_argument("--check", action="store_true", help="also run specdec check --endpoint spec --reference plain")
-    p.add_argument("--spec-only", action="store_true", help="start the speculative server alone (no baseline, no "
-                   "check): where two servers do not fit in memory (vLLM CPU: about 8 GB per 1.5B server)")
+    p.add_argument("--check", action="store_true", help="also run specdec check --endpoint of each speculative "
+                   "server against its engine's plain one")
+    p.add_argument("--only", help="comma list of the servers to start: bench still gets every server as an endpoint, "
+                   "the others down, for a resumed run (bench --resume) that has their rows and adds the started "
+                   "ones'; where the servers do not all fit in memory (vLLM CPU: 8-9 GB per 1.5B server)")
+    p.add_argument("--spec-only", action="store_true", help="start and measure the speculative servers alone (no "
+                   "baseline, no check)")
     args, bench = p.parse_known_args()
     bench = [a for a in bench if a != "--"]
+    levels = [int(n) for n in args.concurrency.split(",")] if args.concurrency else [1]
+    args.parallel = max(args.parallel, *levels)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    servers = (vllm_servers if args.engine == "vllm" else llama_servers)(args, out)
-    names = ["spec"] if args.spec_only else ["plain", "spec"]
+    servers = {}
+    for engine in args.engine or ["llamacpp"]:
+        servers.update((llama_servers if engine == "llamacpp" else vllm_servers)(args, out))
+    if args.spec_only:
+        servers = {n: s for n, s in servers.items() if not is_plain(n)}
+    chosen = args.only.split(",") if args.only else list(servers)
+    unknown = [n for n in chosen if n not in servers]
+    if unknown:
+        raise SystemExit(f"--only {','.join(unknown)}: not among the servers {', '.join(servers)}")
     with ExitStack() as stack:
-        started = {name: stack.enter_context(servers[-len(names) + i]) for i, name in enumerate(names)}
+        started = {name: stack.enter_context(servers[name]) for name in chosen}
         for name, server in started.items():
             print(f"[serving] {name}: {shlex.join(server.command)}", file=sys.stderr)
-        endpoints = [a for name, server in started.items() for a in ("--endpoint", f"{name}={server.url}/v1/completions")]
-        baseline = [] if args.spec_only else ["--baseline", "plain"]
-        code = specdec(["bench", *endpoints, *baseline, "--out", str(out / "bench"), *bench])
-        plain, spec = started.get("plain"), started["spec"]
-        if args.check and plain and code == 0:
-            target = bench[bench.index("--target") + 1] if "--target" in bench else args.model
-            code = specdec(["check", "--endpoint", f"spec={spec.url}/v1/completions", "--reference",
-                            f"plain={plain.url}/v1/completions", "--target", target, "--tokens", "128",
-                            "--prompts", "6", "--json"])
+        endpoints = [a for name, server in servers.items() for a in ("--endpoint", f"{name}={server.url}/v1/completions")]
+        common = ["bench", *endpoints, *baseline_args(plain_of(list(servers)))]
+        code = 0
+        for n in levels:
+            code = code or specdec([*common, "--out", str(out / (f"bench-c{n}" if args.concurrency else "bench")),
+                                    *(["--concurrency", str(n)] if args.concurrency else []), *bench])
+        pairs = plain_of(list(started))
+        target = bench[bench.index("--target") + 1] if "--target" in bench else args.model
+        if args.check and code == 0:
+            for spec, plain in pairs.items():
+                code = max(code, check(started[spec], started[plain], target, out / f"check-{spec}.json"))
     return code
 
 
-def llama_servers(args: argparse.Namespace, out: Path) -> list[LlamaServer]:
+def is_plain(name: str) -> bool:
+    return name.endswith("-plain")
+
+
+def plain_of(names: list[str]) -> dict[str, str]:
+    """Each speculative server's engine's plain server, where that one is among `names`."""
+    return {n: f"{n.split('-')[0]}-plain" for n in names if not is_plain(n) and f"{n.split('-')[0]}-plain" in names}
+
+
+def baseline_args(pairs: dict[str, str]) -> list[str]:
+    """bench's --baseline PLAIN=SPEC,... for each engine's plain server."""
+    return [a for plain in dict.fromkeys(pairs.values())
+            for a in ("--baseline", f"{plain}={','.join(s for s, b in pairs.items() if b == plain)}")]
+
+
+def check(spec, plain, target: str, path: Path) -> int:
+    """`specdec check --endpoint` of `spec` against `plain`, its JSON into `path`."""
+    import contextlib
+    import io
+
+    text = io.StringIO()
+    with contextlib.redirect_stdout(text):
+        code = specdec(["check", "--endpoint", f"spec={spec.url}/v1/completions", "--reference",
+                        f"plain={plain.url}/v1/completions", "--target", target, "--tokens", "128", "--prompts", "6",
+                        "--json"])
+    path.write_text(text.getvalue())
+    return code
+
+
+def llama_servers(args: argparse.Namespace, out: Path) -> dict[str, LlamaServer]:
     """A plain and a speculative llama-server (not started yet)."""
     model = gguf_file(args.model)
     draft = None if args.draft == "none" else gguf_file(args.draft) if args.draft else model
     extra = shlex.split(args.server_args)
     context = 4096 * args.parallel  # each slot gets 4096 tokens
     common = dict(threads=args.threads, parallel=args.parallel, context=context)
-    return [LlamaServer(model, args=extra, log=out / "server-plain.log", **common),
-            LlamaServer(model, draft=draft, args=extra + shlex.split(args.spec_args), log=out / "server-spec.log",
-                        **common)]
+    return {"llama-plain": LlamaServer(model, args=extra, log=out / "server-llama-plain.log", **common),
+            "llama-spec": LlamaServer(model, draft=draft, args=extra + shlex.split(args.spec_args),
+                                      log=out / "server-llama-spec.log", **common)}
 
 
-def vllm_servers(args: argparse.Namespace, out: Path) -> list[VllmServer]:
-    """A plain vLLM server and one with --spec-config (not started yet)."""
-    if not args.spec_config:
-        raise SystemExit("--engine vllm needs --spec-config JSON (e.g. from specdec advise --export vllm --json)")
-    config = json.loads(args.spec_config)
-    if config.get("model") in REGISTRY:
-        config["model"] = str(converted_folder(REGISTRY[config["model"]]))
+def vllm_servers(args: argparse.Namespace, out: Path) -> dict[str, VllmServer]:
+    """A plain vLLM server and one per --spec-config (not started yet)."""
     folder = converted_folder(REGISTRY[args.model])
     extra = shlex.split(args.server_args)
-    return [VllmServer(folder, threads=args.threads, args=extra, log=out / "server-plain.log"),
-            VllmServer(folder, speculative=config, threads=args.threads, args=extra, log=out / "server-spec.log")]
+    servers = {"vllm-plain": VllmServer(folder, threads=args.threads, args=extra, log=out / "server-vllm-plain.log")}
+    for text in args.spec_config:
+        config = json.loads(text)
+        if config.get("model") in REGISTRY:
+            config["model"] = str(converted_folder(REGISTRY[config["model"]]))
+        name = f"vllm-{config['method']}"
+        if name in servers:
+            raise SystemExit(f"two --spec-config with method {config['method']}: one server each method")
+        servers[name] = VllmServer(folder, speculative=config, threads=args.threads, args=extra,
+                                   log=out / f"server-{name}.log")
+    return servers
 
 
 if __name__ == "__main__":

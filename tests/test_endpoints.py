@@ -9,13 +9,16 @@ import json
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pytest
 from conftest import word_tokenizer
 from fake_openai import FakeServer, completion_ids, expected_counters
 
 from specdec.bench.served import position_rates, server_acceptance
 from specdec.bench.store import read_rows
+from specdec.bench.summary import endpoint_baselines
 from specdec.cli import main
+from specdec.cli.bench import parse_baselines
 from specdec.conform.endpoints import compare
 from specdec.errors import SpecdecError
 from specdec.external.endpoints.metrics import SpecCounters, has_spec_counters, parse_counters
@@ -245,8 +248,15 @@ def test_bench_endpoints_with_vllm_counters_and_concurrency(tmp_path, tiny_token
     spec_summary = summary["overall"]["methods"]["endpoint:name=spec"]
     assert spec_summary["greedy_equal"]["mismatches"] == 0 and spec_summary["speedup"] is not None
     assert spec_summary["acceptance_rate"] == pytest.approx(4 / 9)  # (3 + 1) accepted of 9 per 3 drafts
+    for first, second in zip(rows[::2], rows[1::2]):  # a wave of two: its wall time and all its tokens, on both rows
+        assert first["wave_s"] == second["wave_s"] >= max(r["prefill_s"] + r["decode_s"] for r in (first, second))
+        assert first["wave_tokens"] == second["wave_tokens"] == first["n_new"] + second["n_new"] == 12
+    aggregate = [r["wave_tokens"] / r["wave_s"] for r in rows if r["method"] == "endpoint:name=spec"]
+    assert spec_summary["aggregate_tokens_per_s"]["median"] == pytest.approx(float(np.median(aggregate)))
+    assert "## Under load: 2 requests at once" in (tmp_path / "run" / "report.md").read_text()
     config = json.loads((tmp_path / "run" / "config.json").read_text())
-    assert config["baseline"] == "endpoint:name=plain" and config["concurrency"] == 2
+    assert config["baselines"] == {"endpoint:name=plain": "endpoint:name=plain",
+                                   "endpoint:name=spec": "endpoint:name=plain"} and config["concurrency"] == 2
     assert config["endpoints"]["spec"] == {"api": "completions", "model": "fake", "vllm_metrics": True,
                                            "prompt_form": "ids"}
     assert all(r["prompt_form"] == "ids" for r in rows)
@@ -264,6 +274,67 @@ def test_bench_explains_a_difference_between_servers_by_the_baselines_gap(tmp_pa
     assert "token 2, gap 0.5, not a tie" in (tmp_path / "run" / "report.md").read_text()
 
 
+def test_each_engine_has_its_own_baseline(tmp_path, tiny_tokenizer, prompts_file):
+    """Two engines in one run: a2 is compared with a (and differs from it), b2 with b (its equal);
+    against a single baseline b2 would differ too."""
+    with FakeServer() as a, FakeServer(part_at=2) as a2, FakeServer(part_at=2) as b, FakeServer(part_at=2) as b2:
+        assert bench(tmp_path / "run", f"a={a.url}", f"a2={a2.url}", f"b={b.url}", f"b2={b2.url}",
+                     extra=("--baseline", "a=a2", "--baseline", "b=b2")) == 0
+    methods = json.loads((tmp_path / "run" / "summary.json").read_text())["overall"]["methods"]
+    assert methods["endpoint:name=a2"]["greedy_equal"]["mismatches"] == 4
+    assert methods["endpoint:name=b2"]["greedy_equal"]["mismatches"] == 0
+    assert methods["endpoint:name=b2"]["speedup"] is not None
+    assert methods["endpoint:name=a"]["speedup"] is None and methods["endpoint:name=b"]["speedup"] is None
+    differences = json.loads((tmp_path / "run" / "differences.json").read_text())
+    assert {key.split("|")[0] for key in differences} == {"endpoint:name=a2"} and len(differences) == 4
+    report = (tmp_path / "run" / "report.md").read_text()
+    assert "endpoint **b2**: model fake, prompts sent as token ids; acceptance from vLLM's /metrics; compared with **b**" \
+        in report and "endpoint **b**: model fake, prompts sent as token ids; acceptance from vLLM's /metrics; the " \
+        "baseline of its engine" in report
+
+
+@pytest.mark.parametrize("texts, expected", [
+    (["a"], {"a": "a", "a2": "a", "b": "a", "b2": "a"}),
+    (["a=a2", "b=b2"], {"a": "a", "a2": "a", "b": "b", "b2": "b"}),
+    (["b=b2", "a"], {"a": "a", "a2": "a", "b": "b", "b2": "b"}),  # a bare baseline: the endpoints left over
+    (["a=a2,b2"], {"a": "a", "a2": "a", "b2": "a"}),
+])
+def test_baselines_name_each_endpoints_own(texts, expected):
+    assert parse_baselines(texts, ["a", "a2", "b", "b2"]) == expected
+
+
+@pytest.mark.parametrize("texts, message", [
+    (["x"], "--baseline x is not one of the endpoints"), (["a=x"], "x is not one of the endpoints"),
+    (["a="], "name the endpoints compared with a"), (["a", "b"], "only one baseline may go without"),
+    (["a=b", "b=b2"], "endpoint b has two baselines"), (["a=a2", "b=a2"], "endpoint a2 has two baselines"),
+])
+def test_bad_baselines_are_one_line_errors(texts, message):
+    with pytest.raises(SpecdecError, match=message):
+        parse_baselines(texts, ["a", "a2", "b", "b2"])
+
+
+def test_serving_bench_compares_each_speculative_server_with_its_own_engines_plain_one():
+    import importlib.util
+
+    path = Path(__file__).parent.parent / "scripts" / "serving_bench.py"
+    spec = importlib.util.spec_from_file_location("serving_bench", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    names = ["llama-plain", "llama-spec", "vllm-plain", "vllm-ngram", "vllm-draft_model"]
+    pairs = script.plain_of(names)
+    assert pairs == {"llama-spec": "llama-plain", "vllm-ngram": "vllm-plain", "vllm-draft_model": "vllm-plain"}
+    args = script.baseline_args(pairs)
+    assert args == ["--baseline", "llama-plain=llama-spec", "--baseline", "vllm-plain=vllm-ngram,vllm-draft_model"]
+    assert parse_baselines(args[1::2], names) == {**pairs, "llama-plain": "llama-plain", "vllm-plain": "vllm-plain"}
+    assert script.plain_of(["vllm-draft_model"]) == {}  # started alone: nothing to compare with
+
+
+def test_a_run_from_before_per_endpoint_baselines_keeps_its_one_baseline():
+    config = {"methods": ["ar", "endpoint:name=p", "endpoint:name=s"], "baseline": "endpoint:name=p"}
+    assert endpoint_baselines(config) == {"endpoint:name=p": "endpoint:name=p", "endpoint:name=s": "endpoint:name=p"}
+    assert endpoint_baselines({"methods": ["endpoint:name=p"], "baseline": None}) == {}
+
+
 def test_a_server_failing_mid_run_keeps_the_rows_and_resume_continues(tmp_path, tiny_tokenizer, prompts_file, capsys):
     # warm-up + 2 prompts succeed, then an error mid-stream
     with FakeServer("error", fail_after=3) as server:
@@ -275,6 +346,66 @@ def test_a_server_failing_mid_run_keeps_the_rows_and_resume_continues(tmp_path, 
         assert bench(tmp_path / "run", f"s={server.url}", extra=("--resume",)) == 0
     rows = read_rows(tmp_path / "run")
     assert [r["prompt_id"] for r in rows] == ["1", "2", "3", "4"]
+
+
+def test_resume_adds_an_endpoint_paired_with_a_baseline_measured_before(tmp_path, tiny_tokenizer, tiny_registry,
+                                                                         prompts_file, monkeypatch):
+    """Servers that do not fit in memory together: a finished run over ar, a and a2 is resumed with
+    a3 added (a up again, a2 down): only a3's rows are measured, compared with a's earlier rows,
+    its difference explained by asking a again; ar's model is not loaded again."""
+    out = tmp_path / "run"
+    local = ("--methods", "ar", "--dtype", "float32")
+    with FakeServer() as a, FakeServer() as a2:
+        assert bench(out, f"a={a.url}", f"a2={a2.url}", extra=(*local, "--baseline", "a=a2")) == 0
+    first = read_rows(out)
+    assert len(first) == 12
+    import specdec.cli.bench as cli_bench
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("a resumed run with ar finished loaded the target")
+
+    monkeypatch.setattr(cli_bench, "load_target", no_model)
+    down = f"http://127.0.0.1:{free_port()}"
+    with FakeServer() as a, FakeServer(part_at=2) as a3:
+        assert bench(out, f"a={a.url}", f"a2={down}", f"a3={a3.url}",
+                     extra=(*local, "--baseline", "a=a2,a3", "--resume")) == 0
+        assert len(a.prompts) == 4  # asked again for the baseline's gaps only, nothing measured
+    rows = read_rows(out)
+    assert rows[:12] == first and [r["method"] for r in rows[12:]] == ["endpoint:name=a3"] * 4
+    config = json.loads((out / "config.json").read_text())
+    assert config["methods"] == ["ar", "endpoint:name=a", "endpoint:name=a2", "endpoint:name=a3"]
+    assert [x["methods"] for x in config["additions"]] == [["endpoint:name=a3"]]
+    assert config["endpoints"]["a2"]["model"] == "fake"  # the down one's entry, as stored
+    methods = json.loads((out / "summary.json").read_text())["overall"]["methods"]
+    equal = methods["endpoint:name=a3"]["greedy_equal"]
+    assert equal["mismatches"] == 4 and {d["kind"] for d in equal["differences"]} == {"not a tie"}
+    assert methods["endpoint:name=a3"]["speedup"] is not None and methods["endpoint:name=a2"]["greedy_equal"]
+    assert "- added on --resume, started " in (out / "report.md").read_text()
+
+
+def test_resume_refuses_methods_in_another_order_and_an_unfinished_endpoint_that_is_down(
+        tmp_path, tiny_tokenizer, prompts_file, capsys):
+    out = tmp_path / "run"
+    with FakeServer() as a, FakeServer() as b:
+        assert bench(out, f"a={a.url}", f"b={b.url}") == 0
+        assert bench(out, f"b={b.url}", f"a={a.url}", extra=("--resume",)) == 2
+        assert "differs from this run in methods" in capsys.readouterr().err
+    down = f"http://127.0.0.1:{free_port()}"
+    with FakeServer() as a, FakeServer() as b:
+        assert bench(out, f"a={a.url}", f"b={b.url}", f"c={down}", extra=("--resume",)) == 2
+    assert "endpoint c: cannot connect" in capsys.readouterr().err
+
+
+def test_a_folder_whose_config_names_no_methods_resumes_as_before(tmp_path):
+    """A sweep's config has no "methods": resuming it compares the configs and adds nothing."""
+    from specdec.bench.store import check_out_dir
+
+    config = {"settings": {"methods": ["ar"]}, "environment": {"date": "then"}}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    check_out_dir(tmp_path, {**config, "environment": {"date": "now"}}, resume=True)
+    assert json.loads((tmp_path / "config.json").read_text()) == config
+    with pytest.raises(SpecdecError, match="differs from this run in settings"):
+        check_out_dir(tmp_path, {"settings": {"methods": ["ar", "draft"]}, "environment": {}}, resume=True)
 
 
 @pytest.mark.parametrize("mode, message", [("html", "not answer as an OpenAI-compatible server"),

@@ -8,7 +8,8 @@ of vLLM's /metrics counters read before and after. Where the server names no tok
 row's `new_tokens` is None and its `text` is what equality compares.
 
 Concurrency: `run_wave` sends one request per prompt of a wave at once, each on its own
-thread, and times each stream on its own; vLLM's counters are read around the whole wave (they
+thread, and times each stream on its own, and the wave as a whole (wave_s: from sending to the
+last stream's end; wave_tokens: all its new tokens, on each of its rows); vLLM's counters are read around the whole wave (they
 are the server's, not a request's) and filed under the wave's first row only, so sums over rows
 count each wave once. A wave whose any request fails writes no row: its rows were measured
 under a load the others did not see through.
@@ -16,6 +17,7 @@ under a load the others did not see through.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -24,6 +26,7 @@ from pathlib import Path
 import httpx
 
 from ..conform.endpoints import DEFAULT_TOLERANCE, TOP_LOGPROBS, compare
+from ..errors import SpecdecError
 from ..external.endpoints.metrics import SpecCounters, parse_counters
 from ..external.endpoints.spec import Endpoint, Served, get, probe
 from ..external.endpoints.stream import Request, Streamed, complete
@@ -56,13 +59,26 @@ class EndpointExecutor:
         self.client = httpx.Client(timeout=httpx.Timeout(settings.timeout_s))
         self.served: dict[str, Served] = {}
 
-    def prepare(self) -> dict[str, dict]:
+    def prepare(self, finished: dict[str, dict | None] | None = None) -> dict[str, dict]:
         """Probe every endpoint once (a one-line error if one is down or not OpenAI-compatible);
         returns what each serves, for the run's config (the URLs go to its environment: a
-        server restarted on another port may continue a run, store.VOLATILE)."""
-        self.served = {name: probe(e, self.client) for name, e in self.endpoints.items()}
-        return {name: {"api": e.api, "model": self.served[name].model, "vllm_metrics": self.served[name].vllm_metrics,
-                       "prompt_form": self.served[name].prompt_form} for name, e in self.endpoints.items()}
+        server restarted on another port may continue a run, store.VOLATILE). `finished`: the
+        labels of endpoints whose rows a resumed run has, with their stored entries: one of
+        those that is down keeps its entry and is asked nothing (nothing is left to measure)."""
+        entries = {}
+        for name, e in self.endpoints.items():
+            stored = (finished or {}).get(f"endpoint:name={name}")
+            try:
+                self.served[name] = probe(e, self.client)
+            except SpecdecError:
+                if stored is None:
+                    raise
+                entries[name] = stored
+                continue
+            served = self.served[name]
+            entries[name] = {"api": e.api, "model": served.model, "vllm_metrics": served.vllm_metrics,
+                             "prompt_form": served.prompt_form}
+        return entries
 
     def urls(self) -> dict[str, str]:
         return {name: e.url for name, e in self.endpoints.items()}
@@ -79,12 +95,16 @@ class EndpointExecutor:
         counters = self._counters(method)
         before = counters() if counters else None
         one = lambda ids: self.complete(method, ids, self.settings.max_new_tokens)
+        start = time.perf_counter()
         if len(prompts) == 1:
             streams = [one(prompts[0])]
         else:
             with ThreadPoolExecutor(max_workers=len(prompts)) as pool:
                 streams = list(pool.map(one, prompts))
+        wave = {"wave_s": time.perf_counter() - start, "wave_tokens": sum(s.n_tokens for s in streams)}
         rows = [endpoint_row(s, len(prompts), self.served[method.name].prompt_form) for s in streams]
+        for row in rows:
+            row.served.update(wave)
         if counters:
             rows[0].served.update(counters().minus(before).row_fields())
         return rows
@@ -107,24 +127,26 @@ class EndpointExecutor:
 
 
 def explain_endpoint_differences(out: Path, executor: EndpointExecutor, prompt_ids: dict[str, list[int]],
-                                 baseline: str, tolerance: float = DEFAULT_TOLERANCE) -> dict:
-    """For every endpoint row whose output differs from the baseline endpoint's, ask both servers
-    again with two top logprobs and file the first difference with the baseline's gap there
-    (endpoint_check.compare) in differences.json, as agreement.explain_differences does for
-    hf-ar; greedy servers repeat themselves, and a difference that does not come back is filed
-    as "not reproduced". Rows explained before are kept; returns the file's content."""
+                                 baselines: dict[str, str], tolerance: float = DEFAULT_TOLERANCE) -> dict:
+    """For every endpoint row whose output differs from its baseline endpoint's (`baselines`:
+    endpoint label -> baseline label), ask both servers again with two top logprobs and file the
+    first difference with the baseline's gap there (endpoint_check.compare) in differences.json,
+    as agreement.explain_differences does for hf-ar; greedy servers repeat themselves, and a
+    difference that does not come back is filed as "not reproduced". Rows explained before are
+    kept; returns the file's content."""
     path = out / DIFFERENCES
     known = read_differences(out)
     rows = read_rows(out)
-    base = {(r["prompt_id"], r["repeat"]): r for r in rows if r["method"] == baseline}
+    by_key = {(r["method"], r["prompt_id"], r["repeat"]): r for r in rows}
     for r in rows:
-        ref = base.get((r["prompt_id"], r["repeat"]))
+        baseline = baselines.get(r["method"])
+        ref = by_key.get((baseline, r["prompt_id"], r["repeat"]))
         key = row_key(r)
         if ref is None or r["method"] == baseline or key in known or same_output(r, ref):
             continue
         method = parse(r["method"])
-        if not method.is_endpoint:
-            continue
+        if not {method.name, parse(baseline).name} <= set(executor.served):
+            continue  # a finished endpoint that is down now (a resumed run): left unexplained
         ids = prompt_ids[r["prompt_id"]]
         again = [executor.complete(m, ids, executor.settings.max_new_tokens, top_logprobs=TOP_LOGPROBS)
                  for m in (parse(baseline), method)]

@@ -16,7 +16,7 @@ from ..files import read_json, write_atomic, write_json_atomic, write_text_atomi
 from ..fmt import ms, num, pct, table
 from .agreement import read_differences
 from .store import CONFIG, RESULTS, SUMMARY, read_rows
-from .summary import summarize
+from .summary import endpoint_baselines, summarize
 
 REPORT = "report.md"
 HF_DECODE = "decode (HF, not split)"
@@ -65,6 +65,7 @@ def render_markdown(summary: dict, plots: list[str]) -> str:
     if len(summary["categories"]) > 1:
         for name, group in summary["categories"].items():
             lines += _table(f"Category: {name}", group)
+    lines += _load_table(summary["config"], summary["overall"])
     lines += _prediction_table(summary["overall"])
     lines += _equality_section(summary["overall"])
     lines += ["## Plots", ""] + [f"![{name[:-4]}]({name})" for name in plots] + [""]
@@ -94,6 +95,9 @@ def _header(config: dict) -> list[str]:
         f"methods interleaved per prompt after one warm-up generation each",
         f"- peak memory: {config['memory']['meaning']}",
         *_endpoints(config),
+        *[f"- added on --resume, started {a['date']} at commit {(a['git_commit'] or 'unknown')[:12]}: "
+          + ", ".join(f"`{m}`" for m in a["methods"]) + " (their rows measured after the others')"
+          for a in config.get("additions", [])],
     ]
 
 
@@ -102,10 +106,17 @@ PROMPT_FORMS = {"ids": "token ids", "text": "text (the server takes no token ids
 
 
 def _endpoints(config: dict) -> list[str]:
-    """Each endpoint's model and the form its prompts were sent in (a run from before the probe asked: ids)."""
+    """Each endpoint's model, the form its prompts were sent in (a run from before the probe
+    asked: ids) and what its speedup and equality are measured against."""
+    baselines = endpoint_baselines(config)
     return [f"- endpoint **{name}**: model {e['model']}, prompts sent as {PROMPT_FORMS[e.get('prompt_form', 'ids')]}"
-            + ("; acceptance from vLLM's /metrics" if e["vllm_metrics"] else "")
+            + ("; acceptance from vLLM's /metrics" if e["vllm_metrics"] else "") + _compared(name, baselines)
             for name, e in config.get("endpoints", {}).items()]
+
+
+def _compared(name: str, baselines: dict[str, str]) -> str:
+    base = baselines.get(f"endpoint:name={name}", "ar").removeprefix("endpoint:name=")
+    return "; the baseline of its engine" if base == name else f"; compared with **{base}**"
 
 
 def _provenance(env: dict) -> list[str]:
@@ -135,6 +146,18 @@ def _table(title: str, group: dict) -> list[str]:
     return lines + table(TABLE_HEAD, rows) + [""]
 
 
+def _load_table(config: dict, group: dict) -> list[str]:
+    """Endpoints under load: each request's decode rate beside what the server delivered in all."""
+    n = config.get("concurrency", 1)
+    rows = [[f"`{label}`", _quartiles(m["tokens_per_s"]), _quartiles(m["aggregate_tokens_per_s"]),
+             num(m["prefill_s"]["median"])]
+            for label, m in group["methods"].items() if m.get("aggregate_tokens_per_s")]
+    if not rows or n == 1:
+        return []
+    return [f"## Under load: {n} requests at once (overall)", ""] + table(
+        ["endpoint", "decode tok/s per request [q1, q3]", "aggregate tok/s per wave [q1, q3]", "TTFT s"], rows) + [""]
+
+
 def _prediction_table(group: dict) -> list[str]:
     preds = {label: m["prediction"] for label, m in group["methods"].items() if m["prediction"]}
     if not preds:
@@ -154,7 +177,7 @@ def _equality_section(group: dict) -> list[str]:
     checks = {label: m["greedy_equal"] for label, m in group["methods"].items() if m["greedy_equal"]}
     lines = []
     if checks:
-        lines += ["## Greedy output equal to the baseline (ar; an endpoint: the --baseline endpoint), bit for bit", ""]
+        lines += ["## Greedy output equal to the baseline (ar; an endpoint: its --baseline endpoint), bit for bit", ""]
         for label, c in checks.items():
             verdict = "all equal" if not c["mismatches"] else (
                 f"**{c['mismatches']} differ**: {', '.join(map(str, c['mismatching_prompts']))}"

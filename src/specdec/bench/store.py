@@ -20,29 +20,63 @@ SUMMARY = "summary.json"
 VOLATILE = ("date", "git_commit", "git_dirty", "endpoint_urls")
 
 
+# What a resumed run may extend rather than repeat: more methods after the stored ones (their
+# endpoints' probes and baselines with them). The rows of the added methods are measured later
+# than the others; "additions" says when.
+EXTENSIBLE = ("methods", "endpoints", "baselines", "additions")
+
+
 def check_out_dir(out: Path, config: dict, resume: bool) -> None:
-    """Refuse a folder whose rows this run must not add to; check that it can be written."""
+    """Refuse a folder whose rows this run must not add to; check that it can be written. A
+    resumed run whose methods extend the stored ones (the stored first, in order, the rest
+    equal) adds them: config.json then names them, and its "additions" when they were added."""
     existing = sorted(p.name for p in out.iterdir()) if out.is_dir() else []
     if existing and not resume:
         raise SpecdecError(f"--out {out} is not empty: pass --resume to continue the run there, or choose a new folder")
     if existing and CONFIG not in existing:
         raise SpecdecError(f"--out {out} holds files but no {CONFIG}: it is not a specdec bench or sweep folder")
     if existing:
-        stored, current = _comparable(read_json(out / CONFIG)), _comparable(_as_json(config))
+        stored_config, current_config = read_json(out / CONFIG), _as_json(config)
+        stored, current = _comparable(stored_config), _comparable(current_config)
         differing = sorted(k for k in {*stored, *current} if stored.get(k) != current.get(k))
+        if not _extends(stored_config, current_config):
+            differing = sorted({*differing, "methods"})
         if differing:
             raise SpecdecError(
                 f"{out / CONFIG} differs from this run in {', '.join(differing)}: resuming would mix "
-                f"results that cannot be compared; use another --out"
+                f"results that cannot be compared (a resumed run may only add methods after the stored ones); "
+                f"use another --out"
             )
     _probe_writable(out)
+    if existing and (added := current_config.get("methods", [])[len(stored_config.get("methods", [])):]):
+        write_json_atomic(out / CONFIG, _with_additions(stored_config, current_config, added))
+
+
+def _extends(stored: dict, current: dict) -> bool:
+    """Whether `current` is `stored` with methods added after its own (and their endpoints)."""
+    contains = lambda key: all(current.get(key, {}).get(k) == v for k, v in (stored.get(key) or {}).items())
+    methods = lambda c: set(c.get("environment", {}).get("methods", []))
+    before = stored.get("methods", [])  # a sweep's config names none
+    return (current.get("methods", [])[:len(before)] == before and contains("endpoints")
+            and contains("baselines") and methods(stored) <= methods(current))
+
+
+def _with_additions(stored: dict, current: dict, added: list[str]) -> dict:
+    """The config of the extended run: the current one (a superset) with the stored start's date
+    and commit, and the addition recorded."""
+    env = current["environment"]
+    addition = {"methods": added, **{k: env.get(k) for k in ("date", "git_commit", "git_dirty")}}
+    return {**current, "environment": {**env, **{k: stored["environment"][k] for k in VOLATILE
+                                                 if k != "endpoint_urls" and k in stored.get("environment", {})}},
+            "additions": [*stored.get("additions", []), addition]}
 
 
 def _comparable(config: dict) -> dict:
     environment = config.get("environment")
+    rest = {k: v for k, v in config.items() if k not in EXTENSIBLE}
     if not isinstance(environment, dict):
-        return config
-    return {**config, "environment": {k: v for k, v in environment.items() if k not in VOLATILE}}
+        return rest
+    return {**rest, "environment": {k: v for k, v in environment.items() if k not in (*VOLATILE, "methods")}}
 
 
 def _as_json(value: dict) -> dict:

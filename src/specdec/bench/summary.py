@@ -37,13 +37,16 @@ NOTES = {
     "nothing count at a=0; rounds_without_proposal says how many)",
     "time_per_token_s": "seconds per decode token: each phase's total time over all decode tokens",
     "greedy_equal": "greedy runs only: prompts whose tokens differ from ar's (specdec's plain decoding) in "
-    "any repeat, compared bit for bit with no tolerance; an endpoint against the --baseline endpoint, by "
+    "any repeat, compared bit for bit with no tolerance; an endpoint against its --baseline endpoint, by "
     "token ids where both servers name them (logprobs), else by text",
     "endpoints": "endpoint:name=NAME rows come from an OpenAI-compatible server, streamed: prefill_s is the "
     "time to the first token, tokens/s counts the tokens after the first chunk over the time from it to the "
     "last; acceptance is what the server reports (llama.cpp: timings.draft_n_accepted / draft_n per request; "
     "vLLM: its /metrics counters read before and after each request or concurrent wave); speedups are over "
-    "the --baseline endpoint on the same prompt and repeat",
+    "the endpoint's --baseline endpoint (the report's header names it) on the same prompt and repeat",
+    "aggregate_tokens_per_s": "endpoints: per wave of --concurrency requests sent at once, all their new tokens "
+    "over the wave's wall time, from sending to the last stream's end (prefills included; with --concurrency 1 a "
+    "request's own end-to-end rate); quartiles over rows, each row carrying its wave's figure",
     "hf_agreement": "greedy runs with hf-ar only: prompts equal to transformers' plain generate() (run on an "
     "unmodified copy of the target) in every repeat; each difference with the target's top-1/top-2 logit "
     "gap at its first differing token (specdec's forward of the common prefix): an exact tie, a near-tie "
@@ -81,23 +84,32 @@ def summarize(rows: list[dict], config: dict, differences: dict | None = None) -
     return {
         "config": config,
         "notes": NOTES,
-        "overall": summarize_group(rows, order, methods, greedy, differences or {}, config.get("baseline")),
+        "overall": summarize_group(rows, order, methods, greedy, differences or {}, endpoint_baselines(config)),
         "categories": {
             c: summarize_group([r for r in rows if r["category"] == c], order, methods, greedy, differences or {},
-                               config.get("baseline"))
+                               endpoint_baselines(config))
             for c in categories
         },
     }
 
 
-def baseline_of(method: Method, endpoint_baseline: str | None) -> str:
+def endpoint_baselines(config: dict) -> dict[str, str]:
+    """{endpoint label: its baseline endpoint's label} of a run (bench's --baseline); runs from
+    before an endpoint could have its own baseline name one, for every endpoint."""
+    if "baselines" in config:
+        return config["baselines"]
+    one = config.get("baseline")
+    return {label: one for label, m in config_methods(config).items() if m.is_endpoint} if one else {}
+
+
+def baseline_of(label: str, method: Method, baselines: dict[str, str]) -> str:
     """What a method's speedup and equality are measured against: `ar` for specdec's own
-    methods, bench's --baseline endpoint for endpoints (servers are compared with servers)."""
-    return endpoint_baseline if method.is_endpoint and endpoint_baseline else BASELINE
+    methods, the endpoint's --baseline endpoint for endpoints (servers are compared with servers)."""
+    return baselines.get(label, BASELINE) if method.is_endpoint else BASELINE
 
 
 def summarize_group(rows: list[dict], order: list[str], methods: dict[str, Method], greedy: bool,
-                    differences: dict, endpoint_baseline: str | None = None) -> dict:
+                    differences: dict, baselines: dict[str, str] | None = None) -> dict:
     by_method = defaultdict(list)
     for row in rows:
         by_method[row["method"]].append(row)
@@ -107,7 +119,7 @@ def summarize_group(rows: list[dict], order: list[str], methods: dict[str, Metho
         "methods": {
             label: {
                 **summarize_method(by_method[label], label, methods[label],
-                                   by_method.get(baseline_of(methods[label], endpoint_baseline), []), greedy,
+                                   by_method.get(baseline_of(label, methods[label], baselines or {}), []), greedy,
                                    differences),
                 "hf_agreement": agreement(by_method[label], reference, differences)
                 if reference and label != REFERENCE and not methods[label].is_endpoint else None,
@@ -135,6 +147,8 @@ def summarize_method(rows: list[dict], label: str, method: Method, baseline: lis
         "greedy_equal": greedy_equality(rows, baseline, differences if method.is_endpoint else None)
         if greedy and baseline and not is_baseline else None,
         "prediction": prediction(rows, baseline, method, speedup) if method.speculative and speedup else None,
+        # an endpoint's throughput under load: each wave's new tokens over its wall time (prefills included)
+        "aggregate_tokens_per_s": quartiles([r["wave_tokens"] / r["wave_s"] for r in rows if r.get("wave_s")]),
         "peak_memory_bytes": max((r["peak_memory_bytes"] for r in rows if r["peak_memory_bytes"] is not None),
                                  default=None),
     }

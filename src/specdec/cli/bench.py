@@ -50,8 +50,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="an OpenAI-compatible server to measure beside (or instead of) the methods, as method "
                         "endpoint:name=NAME: URL is its /v1/completions (prompt ids from --target's tokenizer) or "
                         "/v1/chat/completions (the prompt's text); repeatable")
-    b.add_argument("--baseline", metavar="NAME", help="the endpoint whose speed and output the other endpoints "
-                   "are compared with (specdec's own methods are compared with ar)")
+    b.add_argument("--baseline", action="append", default=[], metavar="NAME[=OTHER,...]",
+                   help="the endpoint whose speed and output the other endpoints are compared with; NAME=OTHER,... "
+                   "for those endpoints only, repeatable, so that each engine's speculative servers are compared with "
+                   "its own plain server (e.g. --baseline llama=llama-spec --baseline vllm=vllm-ngram,vllm-draft); "
+                   "specdec's own methods are compared with ar")
     b.add_argument("--concurrency", type=int, default=1, metavar="N",
                    help="endpoints only: N requests at once (consecutive prompts), to see the speedup under load")
     b.add_argument("--endpoint-timeout", type=float, default=300.0, metavar="S",
@@ -93,7 +96,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     local = parse_list(text, {**draft_flags(args), "ngram": ("--max-ngram", args.max_ngram)}) if text else []
     sampling = SamplingConfig(args.temperature, args.top_k, args.top_p)  # validates them
     at_least_one(args, "repeats", "max_new_tokens", "concurrency")
-    endpoints, baseline = bench_endpoints(args, local, sampling)
+    endpoints, baselines = bench_endpoints(args, local, sampling)
     methods = local + [parse(f"endpoint:name={e.name}") for e in endpoints]
     if args.pay_rule and not any(m.pay for m in methods):
         raise SpecdecError("--pay-rule applies to no method in --methods: add pay=1 to a draft method")
@@ -109,16 +112,18 @@ def cmd_bench(args: argparse.Namespace) -> int:
         config["auto"] = {"runs": auto.label, "why": why}
     remote = EndpointExecutor(endpoints, EndpointSettings(args.max_new_tokens, args.endpoint_timeout), {}) \
         if endpoints else None
+    finished = finished_methods(out, prompts, args.repeats) if args.resume else {}
     if remote:  # probed before the slow part: a server that is down is an error at once
-        config.update(endpoints=remote.prepare(), baseline=baseline, concurrency=args.concurrency)
+        config.update(endpoints=remote.prepare(finished), baselines=baselines, concurrency=args.concurrency)
         config["environment"]["endpoint_urls"] = remote.urls()
     # Checked before the models load (slow), so a refused folder is refused at once.
     check_out_dir(out, config, args.resume)
 
     advice = load_advice(args.pay_rule)
-    target, tokenizer = load_target(args) if local else (None, load_tokenizer(args.target, args.trust_remote_code))
+    local_todo = [m for m in local if m.label not in finished]  # a resumed run loads no model it will not run
+    target, tokenizer = load_target(args) if local_todo else (None, load_tokenizer(args.target, args.trust_remote_code))
     executor = None
-    if local:
+    if local_todo:
         drafts = load_drafts(args, target, tokenizer, _resolved(local, auto))
         settings = RunSettings(args.max_new_tokens, sampling, args.seed, eos_of(target))
         executor = Executor(target, drafts, settings, memory, auto, advice, target_name=args.target)
@@ -130,8 +135,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     try:
         run_bench(out, config, encoded, methods, args.repeats, Routed(executor, remote),
                   progress=not args.no_progress, concurrency=args.concurrency)
-        if remote and baseline:  # each difference between servers, with its gap (re-asked for top logprobs)
-            explain_endpoint_differences(out, remote, {e.prompt.id: e.ids for e in encoded}, baseline)
+        if remote and baselines:  # each difference between servers, with its gap (re-asked for top logprobs)
+            explain_endpoint_differences(out, remote, {e.prompt.id: e.ids for e in encoded}, baselines)
     except KeyboardInterrupt:
         print(f"\nspecdec: interrupted; the {len(read_rows(out))} finished rows are kept in {out / RESULTS}.\n"
               f"resume with: {_resume_command()}", file=sys.stderr)
@@ -142,15 +147,32 @@ def cmd_bench(args: argparse.Namespace) -> int:
     finally:
         if remote:
             remote.close()
-    if sampling.greedy and any(m.kind == REFERENCE for m in methods):
+    if sampling.greedy and target is not None and any(m.kind == REFERENCE for m in methods):
         explain_differences(out, target, {e.prompt.id: e.ids for e in encoded})
     print(_digest(report_folder(out)) + f"\nreport: {out / REPORT}", file=sys.stderr)
     return 0
 
 
-def bench_endpoints(args: argparse.Namespace, local: list[Method], sampling) -> tuple[list, str | None]:
-    """The --endpoint servers and the label of the --baseline one, with one-line errors for
-    what cannot be measured fairly."""
+def finished_methods(out: Path, prompts, repeats: int) -> dict[str, dict]:
+    """The methods of a run in `out` with a row for every prompt and repeat: their labels, each
+    with the endpoint entry the run's config stored for it (None for specdec's own methods). On
+    --resume these need not run again: a finished endpoint may be down."""
+    from ..bench.store import CONFIG, read_rows
+    from ..files import read_json
+
+    if not (out / CONFIG).is_file():
+        return {}
+    wanted = {(p.id, r) for p in prompts for r in range(repeats)}
+    have: dict[str, set] = {}
+    for row in read_rows(out):
+        have.setdefault(row["method"], set()).add((row["prompt_id"], row["repeat"]))
+    stored = read_json(out / CONFIG).get("endpoints") or {}
+    return {label: stored.get(label.removeprefix("endpoint:name=")) for label, done in have.items() if wanted <= done}
+
+
+def bench_endpoints(args: argparse.Namespace, local: list[Method], sampling) -> tuple[list, dict[str, str]]:
+    """The --endpoint servers and each one's --baseline endpoint (labels; a baseline is its own),
+    with one-line errors for what cannot be measured fairly."""
     from ..external.endpoints.spec import parse_endpoints
 
     endpoints = parse_endpoints(args.endpoint)
@@ -160,17 +182,45 @@ def bench_endpoints(args: argparse.Namespace, local: list[Method], sampling) -> 
         for flag, given in (("--baseline", args.baseline), ("--concurrency", args.concurrency > 1)):
             if given:
                 raise SpecdecError(f"{flag} applies to endpoints: add --endpoint NAME=URL")
-        return [], None
+        return [], {}
     if not sampling.greedy:
         raise SpecdecError("endpoints are measured greedy (their outputs are compared token for token): "
                            "drop --temperature")
     if args.concurrency > 1 and local:
         raise SpecdecError("--concurrency runs endpoints only (specdec's methods run one at a time in this "
                            f"process): bench {', '.join(m.label for m in local)} without it, in another --out")
-    names = [e.name for e in endpoints]
-    if args.baseline is not None and args.baseline not in names:
-        raise SpecdecError(f"--baseline {args.baseline} is not one of the endpoints ({', '.join(names)})")
-    return endpoints, f"endpoint:name={args.baseline}" if args.baseline else None
+    label = lambda name: f"endpoint:name={name}"
+    return endpoints, {label(e): label(b) for e, b in parse_baselines(args.baseline, [e.name for e in endpoints]).items()}
+
+
+def parse_baselines(texts: list[str], names: list[str]) -> dict[str, str]:
+    """--baseline values -> {endpoint name: its baseline's name}: `BASE=A,B` for A and B, a bare
+    `BASE` (at most one) for every endpoint no other --baseline names; each baseline is its own."""
+    pairs: dict[str, str] = {}
+    default = None
+    for text in texts:
+        base, sep, others = text.partition("=")
+        named = [o.strip() for o in others.split(",") if o.strip()] if sep else []
+        if sep and not named:
+            raise SpecdecError(f"--baseline {text}: name the endpoints compared with {base} after '=' "
+                               f"(e.g. {base}=spec), or give {base} alone")
+        for name in (base, *named):
+            if name not in names:
+                raise SpecdecError(f"--baseline {base} is not one of the endpoints ({', '.join(names)})"
+                                   if name == base else f"--baseline {text}: {name} is not one of the endpoints "
+                                   f"({', '.join(names)})")
+        if not sep:
+            if default is not None:
+                raise SpecdecError(f"--baseline {default} and --baseline {base}: only one baseline may go "
+                                   f"without '=OTHER,...' (it is every other endpoint's)")
+            default = base
+        for name in (base, *named):
+            if pairs.get(name, base) != base:
+                raise SpecdecError(f"endpoint {name} has two baselines ({pairs[name]} and {base}): give it one")
+            pairs[name] = base
+    if default is not None:
+        pairs.update({name: default for name in names if name not in pairs})
+    return pairs
 
 
 def cmd_report(args: argparse.Namespace) -> int:
