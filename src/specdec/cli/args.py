@@ -114,7 +114,7 @@ def say_target_form(args: argparse.Namespace) -> None:
 
 def target_runtime(args: argparse.Namespace, runtime: str | None = None) -> str:
     """"native" or "hf": where the target of these arguments runs (--runtime, or `runtime` where
-    the command decides it: advise measures on transformers' model)."""
+    the command decides it: advise on random weights times transformers' models)."""
     from ..runtime.choose import use_native
 
     resolve_target_form(args)  # main() has, unless the arguments were parsed elsewhere
@@ -182,7 +182,7 @@ def resolve(args: argparse.Namespace, method: Method) -> tuple[Method, str | Non
 
     if method.kind != "auto":
         return method, None
-    chosen, why = choose(setup_of(args, method.vocab), draft_vocabulary(args))
+    chosen, why = choose(setup_of(args, method.vocab), lambda: draft_vocabulary(args))
     resolved, dropped = resolve_auto(method, chosen)
     shown = "plain decoding" if resolved.kind == "ar" else resolved.label
     unused = f"; {', '.join(dropped)} not applied" if dropped and resolved.kind != "ar" else ""

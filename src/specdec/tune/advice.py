@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -258,13 +259,13 @@ def default_choice(device: str, vocabulary: int | None) -> Method:
     return method
 
 
-def choose(setup: Setup, vocabulary: int | None = None) -> tuple[Method, str]:
+def choose(setup: Setup, vocabulary: Callable[[], int | None] = lambda: None) -> tuple[Method, str]:
     """The method the saved advice for `setup` recommends, else the device's default (for a
-    draft of `vocabulary` ids: default_choice); and why."""
+    draft of `vocabulary()` ids, asked only then: it may read the draft's config); and why."""
     path = advice_path(setup)
     if not path.is_file():
         kind = device_kind(setup.device)
-        return default_choice(setup.device, vocabulary), (f"no advice measured for this setup yet, so the measured default of a "
+        return default_choice(setup.device, vocabulary()), (f"no advice measured for this setup yet, so the measured default of a "
                                              f"{kind} device; `specdec advise` (same --target/--draft/--dtype) "
                                              "measures it here")
     try:
