@@ -13,7 +13,6 @@ import argparse
 import dataclasses
 import json
 import statistics
-from functools import partial
 
 import torch
 from runtime_bench import DRAFT, TARGET, cpu, paired_steps
@@ -27,11 +26,9 @@ from specdec.prompts.chat import encode_prompt
 from specdec.prompts.datasets import dataset_path, read_prompts
 from specdec.quant.weights import Q8Weight, q4_rtn
 from specdec.runtime import load_registry
-from specdec.runtime.config import decoder_config, rotary_tables
+from specdec.runtime.config import decoder_config
 from specdec.runtime.lm import NativeLM
-from specdec.runtime.load import _registry_source
-from specdec.runtime.native import Decoder
-from specdec.runtime.weights import build
+from specdec.runtime.load import _assemble, _registry_source
 
 
 def lean_draft(head_ids: torch.Tensor) -> NativeLM:
@@ -40,9 +37,7 @@ def lean_draft(head_ids: torch.Tensor) -> NativeLM:
     cfg = decoder_config(config)
     source = _registry_source(DRAFT, cfg, "int4")
     linears = {n: q4_rtn(w.dequantize(), 32) if isinstance(w, Q8Weight) else w for n, w in source.linears.items()}
-    source = dataclasses.replace(source, linears=linears)
-    decoder = Decoder(build(cfg, source, "int4", head_ids), partial(rotary_tables, config), 4096)
-    return NativeLM(decoder, (), cfg.max_positions)
+    return _assemble(config, dataclasses.replace(source, linears=linears), "int4", 4096, head_ids, ())
 
 
 def run(target, drafts: dict, prompts: list[torch.Tensor], new: int) -> dict:
