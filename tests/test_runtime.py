@@ -100,6 +100,27 @@ def test_every_row_is_the_same_alone_and_in_blocks_of_2_to_17(pair):
     assert torch.equal(lm.prefill(tokens), single[-1:])  # a prefill's last row too
 
 
+@pytest.mark.parametrize("kv_heads", [1, 2, 4])
+def test_every_row_is_the_same_whatever_the_threads_and_the_head_grouping(kv_heads):
+    """Attention's tasks (row tiles x K/V heads x shares of a group's query heads) depend on
+    the thread count and the block: 1, 2 and 3 threads, groups of 4, 2 and 1 query heads, a
+    decode row alone (its group split across threads), blocks and a 60-row prefill (tiled
+    rows) give every row the same bits."""
+    lm = load_model(tiny(num_key_value_heads=kv_heads), "int4", capacity=64)
+    tokens = sequence(60)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        single = alone(lm, tokens)
+        for n in (2, 3):
+            torch.set_num_threads(n)
+            assert torch.equal(alone(lm, tokens), single), n
+            lm.reset()
+            assert torch.equal(torch.cat([lm.forward(tokens[:37]), lm.forward(tokens[37:])]), single), n
+    finally:
+        torch.set_num_threads(threads)
+
+
 def test_tree_rows_equal_the_chain_rows_of_their_paths(pair):
     """A tree whose nodes branch off the true continuation: every node on the true path gets
     the bits of the chain row at its position; after keeping that path, decoding continues

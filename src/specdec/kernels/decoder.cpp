@@ -7,14 +7,18 @@
 // Why a row's logits cannot depend on the block it is computed in: every step is computed per
 // row from that row alone (norms, rotary, SiLU; the kernels quantize each row by itself), and a
 // row's attention runs over exactly the cache slots it sees, in the order given, with the same
-// float operations whatever the other rows are; the threads split whole rows or (row, head)
-// pairs, so the split cannot change a value either. A tree row that sees the slots of its
-// ancestors therefore gets the bits of the chain row at the same position.
+// float operations whatever the other rows are; the threads split whole rows, or attention's
+// (row, query head) pairs grouped by the K/V head they read, so the split cannot change a value.
+// A tree row that sees the slots of its ancestors therefore gets the bits of the chain row at
+// the same position.
 //
 // Activations are float32 throughout; the cache holds float32 keys (after rotary) and values,
 // [capacity][kv_heads * head_dim] per layer, a slot per cached position.
 #include "qgemm.cpp"
 
+#include <omp.h>
+
+#include <algorithm>
 #include <chrono>
 
 // One quantized linear weight in the kernels' tile layout (kernels.Packed), N outputs, K inputs.
@@ -136,39 +140,89 @@ void rope_and_store(const SdModel& m, const SdLayer& L, float* qkv, int64_t rows
     }
 }
 
-thread_local std::vector<float> scores;
+// The slots one row sees, in order: [0, prefix) then its extras.
+struct Seen {
+    int64_t prefix, count;
+    const int64_t* extra;
+    int64_t slot(int64_t j) const { return j < prefix ? j : extra[j - prefix]; }
+};
 
-// One row and head over its visible slots, in their order: scores, softmax, weighted values.
-void attend(const SdModel& m, const SdLayer& L, const float* q, int64_t kvh, const SdVisible& vis, int64_t r,
-            float* out) {
-    const int64_t D = m.head_dim, kv = m.kv_heads * D, prefix = vis.prefix[r];
-    const int64_t* extra = vis.extra + vis.start[r];
-    const int64_t count = prefix + vis.start[r + 1] - vis.start[r];
-    auto slot = [&](int64_t j) { return j < prefix ? j : extra[j - prefix]; };
-    scores.resize(count);
-    float top = -INFINITY;
-    for (int64_t j = 0; j < count; ++j) {
-        scores[j] = dot(q, L.k_cache + slot(j) * kv + kvh * D, D) * m.attn_scale;
-        top = std::fmax(top, scores[j]);
-    }
-    float total = 0.f;
-    for (int64_t d = 0; d < D; ++d) out[d] = 0.f;
-    for (int64_t j = 0; j < count; ++j) {
-        const float p = std::exp(scores[j] - top);
-        total = total + p;
-        const float* v = L.v_cache + slot(j) * kv + kvh * D;
-        for (int64_t d = 0; d < D; ++d) out[d] = out[d] + p * v[d];
-    }
-    for (int64_t d = 0; d < D; ++d) out[d] = out[d] / total;
+inline Seen seen(const SdVisible& vis, int64_t r) {
+    return {vis.prefix[r], vis.prefix[r] + vis.start[r + 1] - vis.start[r], vis.extra + vis.start[r]};
 }
 
+thread_local std::vector<Seen> tile_rows;
+thread_local std::vector<float> scores, tops, totals;
+
+// Rows [r0, r1) and query heads [h0, h1), all of K/V head kvh, each (row, head) over the slots
+// its row sees: scores and their running max key by key, then exp, sum and weighted values key
+// by key. Each (row, head) runs exactly the float operations it would alone, in the same order;
+// the tile only shares the reads of each key and value among the heads of a group (GQA) and
+// the rows of a block, which otherwise re-read the whole cache once per (row, query head).
+void attend_tile(const SdModel& m, const SdLayer& L, const float* qkv, int64_t r0, int64_t r1, int64_t h0,
+                 int64_t h1, int64_t kvh, const SdVisible& vis, float* out) {
+    const int64_t D = m.head_dim, kv = m.kv_heads * D, width = (m.heads + 2 * m.kv_heads) * D;
+    const int64_t nh = h1 - h0, pairs = (r1 - r0) * nh;
+    tile_rows.resize(r1 - r0);
+    int64_t most = 0;
+    for (int64_t r = r0; r < r1; ++r) {
+        tile_rows[r - r0] = seen(vis, r);
+        most = std::max(most, tile_rows[r - r0].count);
+    }
+    scores.resize(pairs * most);
+    tops.assign(pairs, -INFINITY);
+    totals.assign(pairs, 0.f);
+    for (int64_t j = 0; j < most; ++j)
+        for (int64_t r = r0; r < r1; ++r) {
+            const Seen& row = tile_rows[r - r0];
+            if (j >= row.count) continue;
+            const float* k = L.k_cache + row.slot(j) * kv + kvh * D;
+            for (int64_t h = h0; h < h1; ++h) {
+                const int64_t pair = (r - r0) * nh + (h - h0);
+                const float score = dot(qkv + r * width + h * D, k, D) * m.attn_scale;
+                scores[pair * most + j] = score;
+                tops[pair] = std::fmax(tops[pair], score);
+            }
+        }
+    for (int64_t r = r0; r < r1; ++r)
+        for (int64_t h = h0; h < h1; ++h) std::fill_n(out + (r * m.heads + h) * D, D, 0.f);
+    for (int64_t j = 0; j < most; ++j)
+        for (int64_t r = r0; r < r1; ++r) {
+            const Seen& row = tile_rows[r - r0];
+            if (j >= row.count) continue;
+            const float* v = L.v_cache + row.slot(j) * kv + kvh * D;
+            for (int64_t h = h0; h < h1; ++h) {
+                const int64_t pair = (r - r0) * nh + (h - h0);
+                const float p = std::exp(scores[pair * most + j] - tops[pair]);
+                totals[pair] = totals[pair] + p;
+                float* o = out + (r * m.heads + h) * D;
+                for (int64_t d = 0; d < D; ++d) o[d] = o[d] + p * v[d];
+            }
+        }
+    for (int64_t r = r0; r < r1; ++r)
+        for (int64_t h = h0; h < h1; ++h) {
+            float* o = out + (r * m.heads + h) * D;
+            const float total = totals[(r - r0) * nh + (h - h0)];
+            for (int64_t d = 0; d < D; ++d) o[d] = o[d] / total;
+        }
+}
+
+constexpr int64_t kTileRows = 16;  // rows sharing each key read; their scores stay in L2 up to ~2K keys
+
+// Tasks of (row tile, K/V head, share of its query heads), as many as the threads where the
+// rows allow: a decode row alone splits its groups' heads; a prefill tiles its rows.
 void attention(const SdModel& m, const SdLayer& L, const float* qkv, int64_t rows, const SdVisible& vis,
                float* out) {
-    const int64_t D = m.head_dim, width = (m.heads + 2 * m.kv_heads) * D, group = m.heads / m.kv_heads;
-#pragma omp parallel for schedule(static)
-    for (int64_t task = 0; task < rows * m.heads; ++task) {
-        const int64_t r = task / m.heads, h = task % m.heads;
-        attend(m, L, qkv + r * width + h * D, h / group, vis, r, out + r * m.heads * D + h * D);
+    const int64_t threads = omp_get_max_threads(), group = m.heads / m.kv_heads;
+    const int64_t tile = std::clamp<int64_t>(rows * m.kv_heads / threads, 1, kTileRows);
+    const int64_t tiles = (rows + tile - 1) / tile;
+    const int64_t shares = std::clamp<int64_t>((threads + tiles * m.kv_heads - 1) / (tiles * m.kv_heads), 1, group);
+    const int64_t tasks = tiles * m.kv_heads * shares;
+#pragma omp parallel for schedule(dynamic)
+    for (int64_t task = 0; task < tasks; ++task) {
+        const int64_t t = task / (m.kv_heads * shares), kvh = task / shares % m.kv_heads, share = task % shares;
+        const int64_t h0 = kvh * group + share * group / shares, h1 = kvh * group + (share + 1) * group / shares;
+        attend_tile(m, L, qkv, t * tile, std::min(rows, (t + 1) * tile), h0, h1, kvh, vis, out);
     }
 }
 
