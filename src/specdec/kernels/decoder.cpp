@@ -13,7 +13,9 @@
 // the same position.
 //
 // Activations are float32 throughout; the cache holds float32 keys (after rotary) and values,
-// [capacity][kv_heads * head_dim] per layer, a slot per cached position.
+// [kv_heads][capacity][head_dim] per layer, a slot per cached position: each K/V head's keys lie
+// in one run, which attention streams (slot-major rows, half of each read for one head, left
+// the hardware prefetchers behind).
 #include "qgemm.cpp"
 
 #include <omp.h>
@@ -128,15 +130,18 @@ inline void rotate(float* x, const float* c, const float* s, int64_t D) {
 // Rotary on q and k of each row, then k and v into the cache at the row's slot.
 void rope_and_store(const SdModel& m, const SdLayer& L, float* qkv, int64_t rows, const int64_t* positions,
                     const int64_t* slots) {
-    const int64_t D = m.head_dim, width = (m.heads + 2 * m.kv_heads) * D, kv = m.kv_heads * D;
+    const int64_t D = m.head_dim, width = (m.heads + 2 * m.kv_heads) * D;
 #pragma omp parallel for schedule(static) if (rows > 1)
     for (int64_t r = 0; r < rows; ++r) {
         float* row = qkv + r * width;
         const float* c = m.cos + positions[r] * (D / 2);
         const float* s = m.sin + positions[r] * (D / 2);
         for (int64_t h = 0; h < m.heads + m.kv_heads; ++h) rotate(row + h * D, c, s, D);
-        std::memcpy(L.k_cache + slots[r] * kv, row + m.heads * D, kv * sizeof(float));
-        std::memcpy(L.v_cache + slots[r] * kv, row + (m.heads + m.kv_heads) * D, kv * sizeof(float));
+        for (int64_t h = 0; h < m.kv_heads; ++h) {
+            const int64_t at = (h * m.capacity + slots[r]) * D;
+            std::memcpy(L.k_cache + at, row + (m.heads + h) * D, D * sizeof(float));
+            std::memcpy(L.v_cache + at, row + (m.heads + m.kv_heads + h) * D, D * sizeof(float));
+        }
     }
 }
 
@@ -151,18 +156,88 @@ inline Seen seen(const SdVisible& vis, int64_t r) {
     return {vis.prefix[r], vis.prefix[r] + vis.start[r + 1] - vis.start[r], vis.extra + vis.start[r]};
 }
 
+constexpr int64_t kHeadBatch = 8;  // query heads whose dot products with one key run interleaved
+constexpr int64_t kKeyBlock = 64;  // keys whose values stay in L1 while a head sums them
+
+// dot(q + g * D, k, D) for the nq <= kHeadBatch query vectors side by side at q, each with
+// dot()'s partial sums in dot()'s order (the same bits); interleaving them gives the CPU
+// independent additions to overlap where one dot product alone waits on its own sums.
+// 16 floats as one value: lane-wise + and * are the scalar float operations of each lane, so
+// code on it computes dot()'s partial sums (and its bits) with the accumulators in registers.
+typedef float Lanes __attribute__((vector_size(kLanes * sizeof(float))));
+
+inline Lanes load(const float* p) {
+    Lanes v;
+    std::memcpy(&v, p, sizeof v);
+    return v;
+}
+
+inline void store(float* p, Lanes v) { std::memcpy(p, &v, sizeof v); }
+
+template <int G>
+void dots_of(const float* q, const float* k, int64_t D, float* out) {
+    Lanes acc[G] = {};
+    for (int64_t d = 0; d < D; d += kLanes) {
+        const Lanes key = load(k + d);
+        for (int g = 0; g < G; ++g) acc[g] = acc[g] + load(q + g * D + d) * key;
+    }
+    for (int g = 0; g < G; ++g) {
+        float lanes[kLanes];
+        store(lanes, acc[g]);
+        out[g] = reduce(lanes);
+    }
+}
+
+void dots(const float* q, int64_t nq, const float* k, int64_t D, float* out) {
+    switch (nq) {
+        case 1: return dots_of<1>(q, k, D, out);
+        case 2: return dots_of<2>(q, k, D, out);
+        case 3: return dots_of<3>(q, k, D, out);
+        case 4: return dots_of<4>(q, k, D, out);
+        case 5: return dots_of<5>(q, k, D, out);
+        case 6: return dots_of<6>(q, k, D, out);
+        case 7: return dots_of<7>(q, k, D, out);
+        default: return dots_of<8>(q, k, D, out);
+    }
+}
+
 thread_local std::vector<Seen> tile_rows;
 thread_local std::vector<float> scores, tops, totals;
 
+// x[j] = exp(x[j] - top) for x[j] <= top: exp(r) * 2^n with n = round((x - top) / ln 2), |r| <= ln 2 / 2,
+// exp(r) by its Taylor polynomial to r^6 (relative error below 1.2e-7, about one float ulp).
+// Plain float arithmetic with no branch or library call, so the compiler vectorises it and every
+// element gets the same bits in any lane; arguments below -87 give exp(-87) (1.6e-38), nothing
+// next to the softmax's largest weight, exp(0) = 1.
+void exp_shifted(float* x, int64_t n, float top) {
+    const float log2e = 1.44269504f, ln2_hi = 0.693145752f, ln2_lo = 1.42860677e-6f, round = 12582912.f;
+    for (int64_t j = 0; j < n; ++j) {
+        const float a = std::max(x[j] - top, -87.f);
+        const float k = (a * log2e + round) - round;  // round to nearest, as an integral float
+        const float r = (a - k * ln2_hi) - k * ln2_lo;
+        float p = 1.f / 720;
+        p = p * r + 1.f / 120;
+        p = p * r + 1.f / 24;
+        p = p * r + 1.f / 6;
+        p = p * r + 0.5f;
+        p = p * r + 1.f;
+        p = p * r + 1.f;
+        int32_t bits = (static_cast<int32_t>(k) + 127) << 23;
+        float scale;
+        std::memcpy(&scale, &bits, sizeof scale);
+        x[j] = p * scale;
+    }
+}
+
 // Rows [r0, r1) and query heads [h0, h1), all of K/V head kvh, each (row, head) over the slots
-// its row sees: scores and their running max key by key, then exp, sum and weighted values key
-// by key. Each (row, head) runs exactly the float operations it would alone, in the same order;
+// its row sees: scores and their running max key by key, then the weights exp(score - max) and
+// their sum, then the weighted values key by key. Each (row, head) runs exactly the float operations it would alone, in the same order;
 // the tile only shares the reads of each key and value among the heads of a group (GQA) and
 // the rows of a block, which otherwise re-read the whole cache once per (row, query head).
 void attend_tile(const SdModel& m, const SdLayer& L, const float* qkv, int64_t r0, int64_t r1, int64_t h0,
                  int64_t h1, int64_t kvh, const SdVisible& vis, float* out) {
-    const int64_t D = m.head_dim, kv = m.kv_heads * D, width = (m.heads + 2 * m.kv_heads) * D;
-    const int64_t nh = h1 - h0, pairs = (r1 - r0) * nh;
+    const int64_t D = m.head_dim, width = (m.heads + 2 * m.kv_heads) * D, nh = h1 - h0, pairs = (r1 - r0) * nh;
+    const float *keys = L.k_cache + kvh * m.capacity * D, *values = L.v_cache + kvh * m.capacity * D;
     tile_rows.resize(r1 - r0);
     int64_t most = 0;
     for (int64_t r = r0; r < r1; ++r) {
@@ -171,32 +246,53 @@ void attend_tile(const SdModel& m, const SdLayer& L, const float* qkv, int64_t r
     }
     scores.resize(pairs * most);
     tops.assign(pairs, -INFINITY);
-    totals.assign(pairs, 0.f);
+    totals.resize(pairs);
     for (int64_t j = 0; j < most; ++j)
         for (int64_t r = r0; r < r1; ++r) {
             const Seen& row = tile_rows[r - r0];
             if (j >= row.count) continue;
-            const float* k = L.k_cache + row.slot(j) * kv + kvh * D;
-            for (int64_t h = h0; h < h1; ++h) {
-                const int64_t pair = (r - r0) * nh + (h - h0);
-                const float score = dot(qkv + r * width + h * D, k, D) * m.attn_scale;
-                scores[pair * most + j] = score;
-                tops[pair] = std::fmax(tops[pair], score);
+            const float* k = keys + row.slot(j) * D;
+            for (int64_t h = h0; h < h1; h += kHeadBatch) {
+                const int64_t nq = std::min(kHeadBatch, h1 - h), pair = (r - r0) * nh + (h - h0);
+                float got[kHeadBatch];
+                dots(qkv + r * width + h * D, nq, k, D, got);
+                for (int64_t g = 0; g < nq; ++g) {
+                    const float score = got[g] * m.attn_scale;
+                    scores[(pair + g) * most + j] = score;
+                    tops[pair + g] = std::fmax(tops[pair + g], score);
+                }
             }
         }
+    // Softmax weights of each (row, head), key by key, in place of its scores.
     for (int64_t r = r0; r < r1; ++r)
-        for (int64_t h = h0; h < h1; ++h) std::fill_n(out + (r * m.heads + h) * D, D, 0.f);
-    for (int64_t j = 0; j < most; ++j)
+        for (int64_t h = h0; h < h1; ++h) {
+            const int64_t pair = (r - r0) * nh + (h - h0), count = tile_rows[r - r0].count;
+            float* p = &scores[pair * most];
+            exp_shifted(p, count, tops[pair]);
+            float total = 0.f;
+            for (int64_t j = 0; j < count; ++j) total = total + p[j];
+            totals[pair] = total;
+            std::fill_n(out + (r * m.heads + h) * D, D, 0.f);
+        }
+    // o += weight * value key by key; a block of keys at a time, 32 of a head's outputs held in
+    // registers over the block (each output still sums its keys in ascending order).
+    for (int64_t j0 = 0; j0 < most; j0 += kKeyBlock)
         for (int64_t r = r0; r < r1; ++r) {
             const Seen& row = tile_rows[r - r0];
-            if (j >= row.count) continue;
-            const float* v = L.v_cache + row.slot(j) * kv + kvh * D;
+            const int64_t j1 = std::min(j0 + kKeyBlock, row.count);
             for (int64_t h = h0; h < h1; ++h) {
-                const int64_t pair = (r - r0) * nh + (h - h0);
-                const float p = std::exp(scores[pair * most + j] - tops[pair]);
-                totals[pair] = totals[pair] + p;
+                const float* w = &scores[((r - r0) * nh + (h - h0)) * most];
                 float* o = out + (r * m.heads + h) * D;
-                for (int64_t d = 0; d < D; ++d) o[d] = o[d] + p * v[d];
+                for (int64_t c = 0; c < D; c += 2 * kLanes) {
+                    Lanes a = load(o + c), b = load(o + c + kLanes);
+                    for (int64_t j = j0; j < j1; ++j) {
+                        const float* v = values + row.slot(j) * D + c;
+                        a = a + w[j] * load(v);
+                        b = b + w[j] * load(v + kLanes);
+                    }
+                    store(o + c, a);
+                    store(o + c + kLanes, b);
+                }
             }
         }
     for (int64_t r = r0; r < r1; ++r)
@@ -317,17 +413,21 @@ void sd_decoder_timings(double* out) {
     }
 }
 
-// Copy cache slots from[i] -> to[i] in every layer, in order (to[i] <= from[i], ascending:
-// a tree's accepted path moved down onto consecutive slots).
+// Copy cache slots from[i] -> to[i] in every layer and K/V head, in order (to[i] <= from[i],
+// ascending: a tree's accepted path moved down onto consecutive slots).
 void sd_decoder_move(const SdModel* model, const int64_t* from, const int64_t* to, int64_t count) {
     const SdModel& m = *model;
-    const int64_t kv = m.kv_heads * m.head_dim;
+    const int64_t D = m.head_dim;
     for (int64_t i = 0; i < m.layers; ++i)
-        for (int64_t j = 0; j < count; ++j) {
-            if (from[j] == to[j]) continue;
-            std::memcpy(m.layer[i].k_cache + to[j] * kv, m.layer[i].k_cache + from[j] * kv, kv * sizeof(float));
-            std::memcpy(m.layer[i].v_cache + to[j] * kv, m.layer[i].v_cache + from[j] * kv, kv * sizeof(float));
-        }
+        for (int64_t h = 0; h < m.kv_heads; ++h)
+            for (int64_t j = 0; j < count; ++j) {
+                if (from[j] == to[j]) continue;
+                const int64_t head = h * m.capacity;
+                std::memcpy(m.layer[i].k_cache + (head + to[j]) * D, m.layer[i].k_cache + (head + from[j]) * D,
+                            D * sizeof(float));
+                std::memcpy(m.layer[i].v_cache + (head + to[j]) * D, m.layer[i].v_cache + (head + from[j]) * D,
+                            D * sizeof(float));
+            }
 }
 
 }  // extern "C"

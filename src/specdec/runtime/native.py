@@ -105,11 +105,11 @@ class Decoder:
     def grow(self, capacity: int, keep: int) -> None:
         """A cache of `capacity` slots holding the first `keep` slots of the current one."""
         cfg = self.weights.config
-        k_cache = torch.zeros(cfg.layers, capacity, cfg.kv_heads * cfg.head_dim)
+        k_cache = torch.zeros(cfg.layers, cfg.kv_heads, capacity, cfg.head_dim)  # decoder.cpp's layout
         v_cache = torch.zeros_like(k_cache)
         if keep:
-            k_cache[:, :keep] = self.k_cache[:, :keep]
-            v_cache[:, :keep] = self.v_cache[:, :keep]
+            k_cache[:, :, :keep] = self.k_cache[:, :, :keep]
+            v_cache[:, :, :keep] = self.v_cache[:, :, :keep]
         cos, sin = self._rotary(capacity)
         self.k_cache, self.v_cache, self.capacity = k_cache, v_cache, capacity
         self._keep = (cos, sin)  # tensors the C structs point into live as long as they do
@@ -126,7 +126,8 @@ class Decoder:
 
     def kv_bytes(self, slots: int | None = None) -> int:
         """Bytes of keys and values in the first `slots` slots of every layer (None: all allocated)."""
-        per_slot = 2 * self.k_cache.shape[0] * self.k_cache.shape[2] * self.k_cache.element_size()
+        layers, heads, _, dim = self.k_cache.shape
+        per_slot = 2 * layers * heads * dim * self.k_cache.element_size()
         return per_slot * (self.capacity if slots is None else slots)
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, prefix: torch.Tensor,
