@@ -158,6 +158,8 @@ inline Seen seen(const SdVisible& vis, int64_t r) {
 
 constexpr int64_t kHeadBatch = 8;  // query heads whose dot products with one key run interleaved
 constexpr int64_t kKeyBlock = 64;  // keys whose values stay in L1 while a head sums them
+constexpr int64_t kKeysAhead = 4;  // keys between the one scored and the one prefetched (measured: 4 cuts a decode
+                                   // row's attention by a quarter at 2K keys)
 
 // dot(q + g * D, k, D) for the nq <= kHeadBatch query vectors side by side at q, each with
 // dot()'s partial sums in dot()'s order (the same bits); interleaving them gives the CPU
@@ -252,6 +254,8 @@ void attend_tile(const SdModel& m, const SdLayer& L, const float* qkv, int64_t r
             const Seen& row = tile_rows[r - r0];
             if (j >= row.count) continue;
             const float* k = keys + row.slot(j) * D;
+            if (j + kKeysAhead < row.count)  // the key kKeysAhead ahead, which the CPU's own prefetchers start too late
+                for (int64_t d = 0; d < D; d += kLanes) __builtin_prefetch(keys + row.slot(j + kKeysAhead) * D + d);
             for (int64_t h = h0; h < h1; h += kHeadBatch) {
                 const int64_t nq = std::min(kHeadBatch, h1 - h), pair = (r - r0) * nh + (h - h0);
                 float got[kHeadBatch];
