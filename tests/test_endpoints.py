@@ -22,7 +22,7 @@ from specdec.cli.bench import parse_baselines
 from specdec.conform.endpoints import compare
 from specdec.errors import SpecdecError
 from specdec.external.endpoints.metrics import SpecCounters, has_spec_counters, parse_counters
-from specdec.external.endpoints.spec import parse_endpoint
+from specdec.external.endpoints.spec import describe, parse_endpoint
 from specdec.external.endpoints.stream import Request, Streamed, complete
 from specdec.external.server_process import free_port
 from specdec.methods.spec import parse
@@ -117,8 +117,39 @@ def test_a_failing_stream_is_a_one_line_error(mode, message):
 
 
 def test_an_unreachable_server_is_a_one_line_error():
-    with httpx.Client() as client, pytest.raises(SpecdecError, match="cannot connect to .* is the server running"):
+    with httpx.Client() as client, pytest.raises(SpecdecError, match="nothing is listening at .* start the server"):
         complete(client, parse_endpoint(f"v=http://127.0.0.1:{free_port()}"), "m", Request(3, prompt_ids=[1]))
+
+
+def test_a_refused_connection_says_to_start_the_server_and_another_says_to_check_the_address():
+    """Refused (a closed port: not started, or vLLM still loading) is told from a host that does
+    not resolve by the socket error httpx keeps among its causes."""
+    refused = httpx.ConnectError("[Errno 111] Connection refused")
+    refused.__cause__ = ConnectionRefusedError(111, "Connection refused")
+    assert describe(refused, "http://h:1/v1/models") == (
+        "nothing is listening at http://h:1/v1/models ([Errno 111] Connection refused): start the server first and "
+        "wait until it answers (vLLM: the command `specdec advise --export vllm` prints, after bash "
+        "scripts/setup_vllm.sh; or scripts/serving_bench.py, which starts vLLM or llama-server and runs the bench: "
+        "docs/serving.md)")
+    unknown = httpx.ConnectError("[Errno -2] Name or service not known")
+    assert describe(unknown, "http://h:1/v1/models") == ("cannot connect to http://h:1/v1/models ([Errno -2] Name or "
+                                                          "service not known): check the host and port")
+
+
+@pytest.mark.parametrize("command", ["bench", "check"])
+def test_bench_and_check_against_a_port_where_nothing_listens_print_one_line(command, tmp_path, tiny_tokenizer,
+                                                                              prompts_file, capsys):
+    """`--endpoint vllm=http://127.0.0.1:PORT/v1` before the server was started: one line on
+    stderr (no progress bar, no traceback) saying what to start, and exit 2."""
+    url = f"http://127.0.0.1:{free_port()}"
+    if command == "bench":
+        code = bench(tmp_path / "run", f"vllm={url}/v1")
+    else:
+        code = main(["check", "--endpoint", f"vllm={url}/v1", "--reference", f"plain={url}", "--target", "tiny"])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"specdec: error: endpoint vllm: nothing is listening at {url}/v1/models (")
+    assert err.count("\n") == 1 and "bash scripts/setup_vllm.sh" in err and "scripts/serving_bench.py" in err
 
 
 # --- check's comparison -----------------------------------------------------------------------
@@ -412,7 +443,7 @@ def test_resume_refuses_methods_in_another_order_and_an_unfinished_endpoint_that
     down = f"http://127.0.0.1:{free_port()}"
     with FakeServer() as a, FakeServer() as b:
         assert bench(out, f"a={a.url}", f"b={b.url}", f"c={down}", extra=("--resume",)) == 2
-    assert "endpoint c: cannot connect" in capsys.readouterr().err
+    assert "endpoint c: nothing is listening" in capsys.readouterr().err
 
 
 def test_a_folder_whose_config_names_no_methods_resumes_as_before(tmp_path):
@@ -428,7 +459,7 @@ def test_a_folder_whose_config_names_no_methods_resumes_as_before(tmp_path):
 
 
 @pytest.mark.parametrize("mode, message", [("html", "not answer as an OpenAI-compatible server"),
-                                           ("down", "cannot connect")])
+                                           ("down", "nothing is listening")])
 def test_bench_refuses_a_server_that_is_down_or_not_openai_before_any_row(tmp_path, tiny_tokenizer, prompts_file,
                                                                            capsys, mode, message):
     if mode == "down":

@@ -6,12 +6,13 @@ Models: SmolLM2-135M-Instruct's converted folder, drafting for itself (the same 
 sides, so vLLM should accept nearly every drafted token: a fast check that its draft_model path
 runs); n-gram lookup over the same model. Marked `vllm` (tests/test_vllm.py needs the vLLM venv,
 and starts servers that take a minute each); skipped with the reason where it is not installed.
-The first tests need no vLLM: its absence and bad folders are one-line errors, and the exported
-command line is the one VllmServer starts."""
+The first tests need no vLLM: its absence and bad folders are one-line errors (in
+scripts/serving_bench.py too), and the exported command line is the one VllmServer starts."""
 
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import subprocess
 from dataclasses import replace
@@ -88,6 +89,41 @@ def test_the_exported_command_is_the_one_specdecs_server_starts_less_its_address
     started = server.command[:address] + server.command[address + 4:]
     settings = [f"{name}={value}" for name, value in cpu_settings(THREADS, KV_CACHE_GIB).items() if value]
     assert shlex.split(vllm_command(str(folder), config)[0]) == settings + started
+
+
+@pytest.mark.parametrize("case, message", [
+    ("not installed", "vLLM is not installed in .*: run bash scripts/setup_vllm.sh"),
+    ("no weights", r"vLLM cannot load .*: no \*.safetensors weights there"),
+    ("not a config", "--spec-config '{ngram' is not a JSON object with a method"),
+])
+def test_serving_bench_says_what_to_do_in_one_line(case, message, fake_vllm, tmp_path, monkeypatch, capsys):
+    """scripts/serving_bench.py --engine vllm where vLLM is missing, the model's folder is one
+    vLLM cannot load, or a --spec-config is not one: a line on stderr, exit 2, no server started."""
+    import runpy
+
+    from specdec.models import registry
+
+    if case == "not installed":
+        monkeypatch.setenv("SPECDEC_VLLM_VENV", str(tmp_path / "none"))
+    folder = model_folder(tmp_path / "model", {"config.json": "{}"} if case == "no weights" else LOADABLE)
+    monkeypatch.setattr(registry, "converted_folder", lambda spec: folder)  # no conversion: the folder as given
+    monkeypatch.setattr("sys.argv", ["serving_bench.py", "--engine", "vllm", "--model", MODEL, "--spec-config",
+                                     "{ngram", "--out", str(tmp_path / "out")])
+    with pytest.raises(SystemExit) as exit_:
+        runpy.run_path(str(Path(__file__).parent.parent / "scripts" / "serving_bench.py"), run_name="__main__")
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert re.fullmatch(f"serving_bench: error: {message}.*\n", err), err
+
+
+def test_the_servers_environment_names_the_cpu_settings_and_preloads(monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", "/somewhere/src")
+    env = environment(threads=2, kv_cache_gib=1)
+    assert env["VLLM_CPU_KVCACHE_SPACE"] == "1" and env["VLLM_CPU_OMP_THREADS_BIND"] == "0-1"
+    assert env["HF_HUB_OFFLINE"] == "1" and "PYTHONPATH" not in env
+    if installed():  # both libraries the CPU backend wants, found where setup_vllm.sh put them
+        preloads = env["LD_PRELOAD"].split(":")
+        assert [p.rsplit("/", 1)[1] for p in preloads] == ["libtcmalloc_minimal.so.4", "libiomp5.so"]
 
 
 def lookup_proposer(k: int, ngram: int, max_len: int = 100):
