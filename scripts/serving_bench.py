@@ -39,9 +39,10 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from specdec.cli import main as specdec
+from specdec.errors import SpecdecError
 from specdec.external.llama_server import LlamaServer
 from specdec.external.vllm_server import VllmServer
-from specdec.models.registry import REGISTRY, converted_folder, gguf_file
+from specdec.models.registry import REGISTRY, converted_folder, gguf_file, known_models
 
 PREFIX = {"llamacpp": "llama", "vllm": "vllm"}
 
@@ -49,8 +50,8 @@ PREFIX = {"llamacpp": "llama", "vllm": "vllm"}
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--engine", action="append", choices=tuple(PREFIX), help="llamacpp (default) and/or vllm")
-    p.add_argument("--model", required=True, help="registry name of the served model (its GGUF for llama.cpp, "
-                   "its converted folder for vLLM)")
+    p.add_argument("--model", required=True, choices=known_models(), help="registry name of the served model (its "
+                   "GGUF for llama.cpp, its converted folder for vLLM)")
     p.add_argument("--draft", help="llama.cpp: registry name of the draft (default: the model itself); none: no draft "
                    "model, the speculative server speculates as --spec-args say (e.g. n-gram lookup)")
     p.add_argument("--spec-args", default="", help="llama.cpp: more llama-server flags for the speculative server, "
@@ -151,7 +152,13 @@ def vllm_servers(args: argparse.Namespace, out: Path) -> dict[str, VllmServer]:
     extra = shlex.split(args.server_args)
     servers = {"vllm-plain": VllmServer(folder, threads=args.threads, args=extra, log=out / "server-vllm-plain.log")}
     for text in args.spec_config:
-        config = json.loads(text)
+        try:
+            config = json.loads(text)
+        except ValueError:
+            config = None
+        if not isinstance(config, dict) or "method" not in config:
+            raise SpecdecError(f"--spec-config {text!r} is not a JSON object with a method: give vLLM's "
+                               "speculative_config as `specdec advise --export vllm --json` prints it (settings)")
         if config.get("model") in REGISTRY:
             config["model"] = str(converted_folder(REGISTRY[config["model"]]))
         name = f"vllm-{config['method']}"
@@ -163,4 +170,8 @@ def vllm_servers(args: argparse.Namespace, out: Path) -> dict[str, VllmServer]:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except SpecdecError as e:  # vLLM not installed, a folder it cannot load, a server that did not start
+        print(f"serving_bench: error: {e}", file=sys.stderr)
+        sys.exit(2)

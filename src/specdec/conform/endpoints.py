@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 
 import httpx
 
-from ..external.endpoints.spec import Endpoint, probe
+from ..external.endpoints.spec import Endpoint, Served, probe
 from ..external.endpoints.stream import Request, Streamed, complete
 from .ties import tie_kind
 
@@ -58,11 +58,17 @@ class PromptResult:
                 f"{self.candidate_text!r}), {gap}: {self.kind}")
 
 
-def run_check(client: httpx.Client, candidate: Endpoint, reference: Endpoint,
+def probe_both(client: httpx.Client, candidate: Endpoint, reference: Endpoint) -> dict[str, Served]:
+    """What each endpoint serves (spec.probe): a one-line error for one that is down, before
+    any prompt is sent."""
+    return {e.name: probe(e, client) for e in (candidate, reference)}
+
+
+def run_check(client: httpx.Client, candidate: Endpoint, reference: Endpoint, served: dict[str, Served],
               prompts: list[tuple[list[int] | None, str, str | None]], tokens: int, tolerance: float,
               progress=lambda: None) -> list[PromptResult]:
-    """Both endpoints on every (ids, message, ids as text) prompt; one result each."""
-    served = {e.name: probe(e, client) for e in (candidate, reference)}
+    """Both endpoints (`served`: probe_both's answer) on every (ids, message, ids as text)
+    prompt; one result each."""
     ask = lambda e, request: complete(client, e, served[e.name].model, request, served[e.name].prompt_form)
     results = []
     for i, (ids, text, rendered) in enumerate(prompts):

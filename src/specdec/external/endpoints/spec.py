@@ -138,10 +138,25 @@ def get(client: httpx.Client, endpoint: Endpoint, url: str) -> httpx.Response:
 
 def describe(error: httpx.HTTPError, url: str) -> str:
     """What went wrong with a request, and what to do, in a few words."""
+    if isinstance(error, httpx.ConnectError) and _refused(error):
+        # The usual cause: the server was not started, or is still loading (vLLM opens its port
+        # only once the model is loaded: minutes on a CPU).
+        return (f"nothing is listening at {url} ({error}): start the server first and wait until it answers "
+                "(vLLM: the command `specdec advise --export vllm` prints, after bash scripts/setup_vllm.sh; or "
+                "scripts/serving_bench.py, which starts vLLM or llama-server and runs the bench: docs/serving.md)")
     if isinstance(error, httpx.ConnectError):
-        return f"cannot connect to {url} ({error}): is the server running there?"
+        return f"cannot connect to {url} ({error}): check the host and port"
     if isinstance(error, httpx.TimeoutException):
         return f"no reply from {url} in time ({type(error).__name__}): check the server or raise --endpoint-timeout"
     if isinstance(error, httpx.RemoteProtocolError):
         return f"the server at {url} closed the connection mid-reply ({error})"
     return f"request to {url} failed: {error}"
+
+
+def _refused(error: BaseException) -> bool:
+    """Whether the connection was refused (no process listens on the port), as opposed to a host
+    that does not resolve or answer: httpx keeps the socket's error among the causes."""
+    cause: BaseException | None = error
+    while cause is not None and not isinstance(cause, ConnectionRefusedError):
+        cause = cause.__cause__ or cause.__context__
+    return cause is not None
