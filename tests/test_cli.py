@@ -259,8 +259,8 @@ def test_advise_saves_advice_for_auto(capsys, tiny_registry, tmp_path):
             "--prompts", "1", "--context", "200", "--k-max", "3", "--calibration-k", "2", "--tokens", "6", "--raw"]
     assert main(args) == 0
     saved = json.loads(advice_path(setup_of(args)).read_text())
-    assert saved["version"] == 3 and saved["setup"]["target"] == "tiny" and saved["settings"]["context"] == 200
+    assert saved["version"] == 4 and saved["setup"]["target"] == "tiny" and saved["settings"]["context"] == 200
     choice = parse(Advice.from_json(saved).choice.method)
     assert choice.kind == "ar" or choice.family().label in saved["proposers"]
     err = capsys.readouterr().err
-    assert "saved for `specdec generate --proposer auto`" in err and "draft:quant=int8 proposer" in err
+    assert "saved for `specdec generate --proposer auto`" in err and "draft:k=2:quant=int8 proposer" in err
