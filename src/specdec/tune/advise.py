@@ -198,10 +198,11 @@ def run_advise(target, drafts, families: list[Method], tokenizer, settings: Advi
             return cost, Calibration.from_record(saved.calibration[method.label], plain.overhead_per_round)
         return None
 
+    measured = {f: m for f in families if (m := measure(f)) is not None}
+
     def predict() -> tuple[dict[str, Verdict], Choice]:
         return recommend(t_costs.step, verify, plain.overhead_per_round, measured, settings.k_max)
 
-    measured = {f: m for f in families if (m := measure(f)) is not None}
     # The hybrid over the draft form the cost model ranks first; from a saved run, the hybrids it
     # measured (its ranking came from its own costs).
     for family in _hybrids(t_costs.step, verify, plain.overhead_per_round, measured, settings.k_max, saved is None):
