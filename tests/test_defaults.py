@@ -39,7 +39,7 @@ def test_round_options_of_a_family_at_its_k():
     assert labels(round_variants(parse("draft:k=2:quant=int4"))) == [
         "draft:k=2:quant=int4:width=2", "draft:k=2:quant=int4:width=3", "draft:k=2:quant=int4:conf=0.6",
         "draft:k=2:quant=int4:dyn=1", "draft:k=2:quant=int4:pay=1"]
-    # a hybrid's lookup rounds are chains: no tree; at k=1 a stop or a schedule changes nothing
+    # the hybrid takes no width; at k=1 a stop or a schedule changes nothing
     assert labels(round_variants(parse("hybrid:k=3:quant=int4"))) == [
         "hybrid:k=3:ngram=3:quant=int4:conf=0.6", "hybrid:k=3:ngram=3:quant=int4:dyn=1",
         "hybrid:k=3:ngram=3:quant=int4:pay=1"]

@@ -34,8 +34,8 @@ class Calibration:
         rates = [a / j for a, j in zip(accepted, judged) if j > 0]
         # A generation's last round may be left no room to guess (max_new_tokens); that is no miss.
         rounds_of = [_without_empty_last(s) for s in stats]
-        proposed = [n for rounds in rounds_of for n, _, _ in rounds]
-        lengths = [a for rounds in rounds_of for n, a, _ in rounds if n > 0]
+        proposed = [n for generation in rounds_of for n, _, _ in generation]
+        lengths = [a for generation in rounds_of for n, a, _ in generation if n > 0]
         rounds = max(1, sum(s.rounds for s in stats))
         hit = sum(n > 0 for n in proposed) / len(proposed) if proposed else 0.0
         decode = sum(s.decode_seconds for s in stats)
@@ -47,7 +47,7 @@ class Calibration:
             overhead_per_round=sum(s.times["accept"] + s.times["other"] for s in stats) / rounds,
             tokens_per_s=sum(s.new_tokens - 1 for s in stats) / decode if decode else 0.0,
             draft_share=1.0 if draft_rounds is None else min(1.0, draft_rounds / rounds),
-            rounds=_measured_rounds([r for rounds in rounds_of for r in rounds]),
+            rounds=_measured_rounds([r for generation in rounds_of for r in generation]),
         )
 
     @classmethod

@@ -71,7 +71,7 @@ def draft_variant(family: Method) -> Method:
 
 def round_variants(best: Method) -> list[Method]:
     """The round options that apply to a family at its best k (a full spec with k): tree widths
-    for the draft alone (a hybrid's lookup rounds are chains), then conf, dyn and pay. At k=1 a
+    for the draft alone (specdec's hybrid takes no width), then conf, dyn and pay. At k=1 a
     round guesses one token whatever a stop or schedule says, so only the trees remain."""
     trees = [replace(best, width=w) for w in WIDTHS] if best.kind == "draft" else []
     if best.k == 1:
