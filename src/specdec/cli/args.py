@@ -12,12 +12,16 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
+from typing import TYPE_CHECKING
 
 from ..errors import SpecdecError
 from ..methods.kinds import KINDS
 from ..methods.spec import Flags, Method, parse, resolve_auto
 from ..quant import MODES
 from ..runtime.choose import RUNTIMES
+
+if TYPE_CHECKING:  # for annotations only: a command imports the advice (and scipy) when it needs it
+    from ..tune.advice import Advice
 
 
 def add_model_args(p: argparse.ArgumentParser, draft_help: str = "draft model of draft and hybrid methods",
@@ -211,7 +215,7 @@ def draft_vocabulary(args: argparse.Namespace) -> int | None:
         return None
 
 
-def pay_advice(args: argparse.Namespace, asked: Method | None, runs: Method | None):
+def pay_advice(args: argparse.Namespace, asked: Method | None, runs: Method | None) -> Advice | None:
     """The advice whose cost terms pay=1 stops by: --pay-rule FILE, else, where `auto` (`asked`)
     chose a method with pay=1 (`runs`), the saved advice that chose it; None otherwise."""
     from ..tune.advice import Advice, advice_path
