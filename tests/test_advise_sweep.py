@@ -27,25 +27,45 @@ def test_advise_json_on_tiny_models(tiny_registry, tmp_path, capsys):
     from specdec.cost.model import Acceptance
     from specdec.methods.spec import parse
     from specdec.tune.advise import BANDWIDTH_BOUND, MIN_GAIN
+    from specdec.tune.candidates import NOT_RANKED, round_variants
 
     args = ["advise", "--target", "tiny", "--draft", "tiny-draft", "--dataset", str(write_prompts(tmp_path)),
             "--categories", "", "--prompts", "2", "--context", "400", "--k-max", "4", "--calibration-k", "3",
             "--tokens", "8", "--raw", "--json"]
     assert main(args) == 0
     report = json.loads(capsys.readouterr().out)
-    assert report["version"] == 3 and report["calibration_prompts"] == ["1", "2"]
+    assert report["version"] == 4 and report["calibration_prompts"] == ["1", "2"]
     assert set(report["verify"]) == {"1", "2", "3", "4"} and report["c_target"] > 0
     # on a CPU every weight form of the draft is timed once (no restricted head: a 64-id vocabulary)
     forms = ["draft", "draft:quant=int8", "draft:quant=int4"]
     assert list(report["c_draft"]) == forms and min(report["c_draft"].values()) > 0
     # every family ranked: the draft forms, lookup, and the hybrid over the draft form predicted best
     ranked = list(report["calibration"])
-    assert ranked == list(report["proposers"]) and ranked[:4] == [*forms, "lookup:ngram=3"] and len(ranked) == 5
+    assert ranked == list(report["proposers"]) and ranked[:4] == [*forms, "lookup:ngram=3"]
     best_draft = max(forms, key=lambda f: report["proposers"][f]["speedup"])
     assert ranked[4] == "hybrid:ngram=3" + best_draft.removeprefix("draft")
     assert 0 <= report["calibration"][ranked[4]]["draft_share"] <= 1
     assert report["environment"]["methods"] == ranked[:4]
-    assert set(report["not_ranked"]) == {"draft:width=2", "conf", "pay", "dyn"}
+    assert report["not_ranked"] == NOT_RANKED and report["settings"]["round_options"] is True
+    # then the round options of the best draft form and of the hybrid, each at the best k of its curve
+    at_best = {}
+    for name in ranked[:5]:
+        curve = {int(k): s for k, s in report["proposers"][name]["speedup_by_k"].items()}
+        at_best[name] = (max(curve.values()), replace(parse(name), k=max(curve, key=lambda k: (curve[k], -k))))
+    best_form = max(forms, key=lambda f: at_best[f][0])
+    assert ranked[5:] == [m.label for name in (best_form, ranked[4]) for m in round_variants(at_best[name][1])]
+    assert any(parse(name).width for name in ranked[5:])  # trees are among them at any k
+    for name in ranked[5:]:  # each priced from what its own rounds did
+        method, rounds, verdict = parse(name), report["calibration"][name]["rounds"], report["proposers"][name]
+        assert list(verdict["speedup_by_k"]) == [str(method.k)] and verdict["reason"].startswith("a round took")
+        nodes = sum(int(n) * share for n, share in rounds["blocks"].items())
+        assert 0 <= rounds["draft_steps"] <= method.k and 1 <= rounds["tokens"] <= method.k + 1
+        if method.width:  # a draft step per chain token, width nodes per step
+            assert nodes == pytest.approx(method.width * rounds["draft_steps"]), name
+        elif method.kind == "draft":
+            assert nodes == pytest.approx(rounds["draft_steps"]), name
+        else:  # a hybrid's lookup rounds take no draft step
+            assert nodes >= rounds["draft_steps"] - 1e-9, name
     assert report["environment"]["quant"]["target"] == "none" and "auto" in report["environment"]["quant"]["target_reason"]
     # calibration: a perturbed draft, refused now and then; E[tokens/round] from the rates
     for name, c in report["calibration"].items():
@@ -97,6 +117,23 @@ def test_advise_json_on_tiny_models(tiny_registry, tmp_path, capsys):
     assert main([a for a in args if a != "--json"]) == 0
     text = capsys.readouterr().out
     assert "Recommendation: " in text and "C_V(k) in target steps" in text  # a second measurement: its own choice
+    assert "draft steps, " in text and "tokens verified" in text
+
+
+def test_quick_advise_leaves_the_round_options_out(tiny_registry, tmp_path, capsys):
+    from specdec.methods.spec import parse
+    from specdec.tune.candidates import NOT_RANKED, QUICK
+
+    assert main(["advise", "--target", "tiny", "--draft", "tiny-draft", "--dataset", str(write_prompts(tmp_path)),
+                 "--categories", "", "--prompts", "2", "--context", "400", "--k-max", "3", "--calibration-k", "3",
+                 "--tokens", "8", "--raw", "--json", "--quick"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    names = list(report["proposers"])
+    assert names[:3] == ["draft", "draft:quant=int4", "lookup:ngram=3"] and len(names) == 4
+    assert names[3].startswith("hybrid:ngram=3")
+    assert all(parse(name).family().label == name for name in names)  # no k: no round option
+    assert report["not_ranked"] == NOT_RANKED | QUICK and report["settings"]["round_options"] is False
+    assert report["confirmed"] == [] and report["choice"]["measured_speedup"] is None
 
 
 def test_sweep_writes_rows_resumes_and_reports(tiny_registry, tmp_path, capsys):
@@ -195,6 +232,10 @@ def test_advise_with_random_weights_takes_saved_acceptance(tiny_registry, tmp_pa
     for name in measured["calibration"]:
         assert report["calibration"][name]["rates"] == measured["calibration"][name]["rates"]
         assert report["calibration"][name]["hit_rate"] == measured["calibration"][name]["hit_rate"]
+        assert report["calibration"][name]["rounds"] == measured["calibration"][name]["rounds"]
+    # the round options measured there are priced here, from their rounds and these costs
+    options = [name for name in measured["calibration"] if ":k=" in name]
+    assert options and all(report["proposers"][name]["speedup_by_k"] for name in options)
     assert report["c_target"] > 0 and report["c_draft"]["draft"] > 0 and report["choice"]["method"]
     assert main(["advise", "--target", str(shapes), "--random-weights", *common]) == 2
     assert "add --acceptance FILE" in capsys.readouterr().err

@@ -238,6 +238,26 @@ def test_auto_follows_saved_advice(capsys, tiny_registry, tmp_path):
     assert code == 2 and "delete it or run `specdec advise` again" in err
 
 
+def test_auto_stops_by_the_pay_rule_of_the_advice_that_chose_it(capsys, tiny_registry, tmp_path):
+    """advise ranks pay=1 now: where it is the choice, its cost terms come from the saved advice
+    (no --pay-rule FILE to give); given, the file's."""
+    from dataclasses import replace
+
+    from specdec.tune.advice import save_advice
+
+    advice = replace(advice_choosing("draft:k=3:pay=1", 1.3), c_draft={"draft": 0.01}, verify={1: 0.3, 2: 0.31, 3: 0.32})
+    save_advice(setup_of(auto_args()), advice)
+    code, out, err = run(capsys, *auto_args())
+    assert code == 0 and "auto: draft:k=3:pay=1 (advised" in err
+    ran = json.loads(out)
+    code, plain, _ = run(capsys, *auto_args("--proposer", "none"))
+    assert ran["new_tokens"] == json.loads(plain)["new_tokens"] and max(ran["stats"]["proposed_lengths"]) <= 3
+    rule = tmp_path / "rule.json"
+    rule.write_text(json.dumps(advice.to_json()))
+    code, out, _ = run(capsys, *auto_args("--proposer", "draft:k=3", "--pay-rule", str(rule)))
+    assert code == 0 and json.loads(out)["new_tokens"] == ran["new_tokens"]
+
+
 def test_advice_saved_before_version_2_still_chooses(capsys, tiny_registry):
     from specdec.tune.advice import advice_path
 
@@ -259,8 +279,8 @@ def test_advise_saves_advice_for_auto(capsys, tiny_registry, tmp_path):
             "--prompts", "1", "--context", "200", "--k-max", "3", "--calibration-k", "2", "--tokens", "6", "--raw"]
     assert main(args) == 0
     saved = json.loads(advice_path(setup_of(args)).read_text())
-    assert saved["version"] == 3 and saved["setup"]["target"] == "tiny" and saved["settings"]["context"] == 200
+    assert saved["version"] == 4 and saved["setup"]["target"] == "tiny" and saved["settings"]["context"] == 200
     choice = parse(Advice.from_json(saved).choice.method)
     assert choice.kind == "ar" or choice.family().label in saved["proposers"]
     err = capsys.readouterr().err
-    assert "saved for `specdec generate --proposer auto`" in err and "draft:quant=int8 proposer" in err
+    assert "saved for `specdec generate --proposer auto`" in err and "draft:k=2:quant=int8 proposer" in err

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from specdec.cost.model import (
     Acceptance,
     Costs,
+    Rounds,
     break_even_alpha,
     cost_per_token,
     expected_accepted_iid,
@@ -21,6 +22,7 @@ from specdec.cost.model import (
     predicted_speedup,
     prediction_error,
     round_cost,
+    rounds_speedup,
 )
 
 # --- acceptance -----------------------------------------------------------------
@@ -184,10 +186,11 @@ HAND = Costs(c_target=0.25, c_draft=0.08, c_verify={4: 0.275}, c_overhead=0.01)
 def test_round_cost_and_speedup_by_hand():
     acc = Acceptance.from_alpha(0.8, 4)
     # 4*0.08 + 0.275 + 0.01 = 0.32 + 0.275 + 0.01 = 0.605
-    assert round_cost(HAND, 4) == pytest.approx(0.605, abs=1e-12)
+    assert round_cost(HAND, Rounds.fixed(acc, 4)) == pytest.approx(0.605, abs=1e-12)
     # a round that guesses half the time verifies only the pending token otherwise:
     # 4*0.08 + 0.5*0.275 + 0.5*0.25 + 0.01 = 0.5925
-    assert round_cost(HAND, 4, hit_rate=0.5) == pytest.approx(0.5925, abs=1e-12)
+    half = Rounds.fixed(Acceptance(acc.rates, hit_rate=0.5), 4)
+    assert half.blocks == {4: 0.5, 0: 0.5} and round_cost(HAND, half) == pytest.approx(0.5925, abs=1e-12)
     # per token: 0.605 / 3.3616 = 0.17997381...
     assert cost_per_token(HAND, acc, 4) == pytest.approx(0.605 / 3.3616, abs=1e-12)
     # speedup: 0.25 / 0.17997381 = 0.25 * 3.3616 / 0.605 = 0.8404 / 0.605 = 1.38909090...

@@ -3,14 +3,14 @@ paired confirmation's choice, llama.cpp's comparison, and older advice records."
 
 import pytest
 
-from specdec.cost.model import Acceptance, Costs, predicted_speedup
+from specdec.cost.model import Acceptance, Costs, Rounds, predicted_speedup
 from specdec.methods.spec import Method, parse
 from specdec.models import target_form
 from specdec.models.target_form import choose_form
 from specdec.tune.advice import Advice, Choice, Confirmed
 from specdec.tune.advise import MIN_GAIN, ranking, recommend
 from specdec.tune.calibration import Calibration
-from specdec.tune.candidates import HEAD, candidates, hybrid_of
+from specdec.tune.candidates import HEAD, candidates, hybrid_of, round_variants
 from specdec.tune.confirm import confirmed_choice
 from specdec.tune.versus import against_llamacpp, llamacpp_available
 
@@ -33,6 +33,36 @@ def test_candidates_cover_every_draft_form_and_lookup():
     assert labels(candidates(True, "cpu", vocab_size=151936, quick=True)) == ["draft", "draft:quant=int4", "lookup:ngram=3"]
     assert labels(candidates(False, "cpu", vocab_size=151936)) == ["lookup:ngram=3"]
     assert hybrid_of(Method("draft", quant="int4", vocab=HEAD)).label == "hybrid:ngram=3:quant=int4:vocab=32768"
+
+
+def test_round_options_of_a_family_at_its_k():
+    assert labels(round_variants(parse("draft:k=2:quant=int4"))) == [
+        "draft:k=2:quant=int4:width=2", "draft:k=2:quant=int4:width=3", "draft:k=2:quant=int4:conf=0.6",
+        "draft:k=2:quant=int4:dyn=1", "draft:k=2:quant=int4:pay=1"]
+    # the hybrid takes no width; at k=1 a stop or a schedule changes nothing
+    assert labels(round_variants(parse("hybrid:k=3:quant=int4"))) == [
+        "hybrid:k=3:ngram=3:quant=int4:conf=0.6", "hybrid:k=3:ngram=3:quant=int4:dyn=1",
+        "hybrid:k=3:ngram=3:quant=int4:pay=1"]
+    assert labels(round_variants(parse("draft:k=1"))) == ["draft:k=1:width=2", "draft:k=1:width=3"]
+    assert round_variants(parse("hybrid:k=1")) == []
+
+
+def test_round_options_go_to_the_best_family_of_each_kind():
+    """The best draft form and the hybrid get theirs at the best k of their curve, also where
+    the chain does not pay; lookup takes none. From a saved run: the ones it calibrated."""
+    from specdec.tune.advice import Verdict
+    from specdec.tune.advise import _round_options
+
+    curve = lambda *speedups: Verdict(0, 1.0, "", speedup_by_k=dict(enumerate(speedups, 1)))
+    families = [Method("draft"), Method("draft", quant="int4"), Method("lookup", ngram=3), hybrid_of(Method("draft"))]
+    verdicts = {"draft": curve(0.8, 0.9, 0.7), "draft:quant=int4": curve(0.9, 0.95, 0.97),
+                "lookup:ngram=3": curve(1.1, 1.2), "hybrid:ngram=3": Verdict(0, None, "never proposed")}
+    chosen = _round_options(verdicts, families, None)
+    assert labels(chosen) == labels(round_variants(parse("draft:k=3:quant=int4")))
+    saved = Advice.from_json(VERSION_2 | {"calibration": {
+        name: {"rates": [0.5], "hit_rate": 1.0} for name in ("draft", "draft:k=2:width=2", "lookup:ngram=3",
+                                                              "draft:k=2:quant=int8:pay=1")}})
+    assert labels(_round_options(verdicts, families, saved)) == ["draft:k=2:width=2"]
 
 
 def calibration(rates, hit=1.0, share=1.0):
@@ -112,19 +142,33 @@ def test_older_advice_records_still_load():
     old = Advice.from_json(VERSION_2)
     assert old.choice == Choice("draft:k=2:quant=int8", 1.6) and old.confirmed == [] and old.not_ranked == {}
     assert old.calibration["draft:quant=int8"].draft_share == 1.0 and old.proposers["draft:quant=int8"].speedup_by_k[2] == 1.6
-    with pytest.raises(ValueError, match="reads 1 to 3"):
+    with pytest.raises(ValueError, match="reads 1 to 4"):
         Advice.from_json(VERSION_2 | {"version": 9})
+    # version 3 (the confirmation, no rounds) reads as version 2 plus what it has
+    run = vars(confirmed("draft:k=2:quant=int8", 1.6, 1.5))
+    three = Advice.from_json(VERSION_2 | {"version": 3, "confirmed": [run]})
+    assert three.confirmed[0].measured_speedup == 1.5 and three.calibration["draft:quant=int8"].rounds is None
 
 
-def test_a_version_3_record_round_trips():
-    record = Advice.from_json(VERSION_2)
+def test_a_version_4_record_round_trips():
+    """Through JSON text: the rounds' block sizes come back as ints, a round option's verdict
+    and calibration by its full spec."""
+    import json
     from dataclasses import replace
 
-    new = replace(record, confirmed=[confirmed("draft:k=2:quant=int8", 1.6, 1.5)],
-                  choice=Choice("draft:k=2:quant=int8", 1.6, 1.5, "measured"), llamacpp={"tokens_per_s": 9.0})
-    data = new.to_json()
-    assert data["version"] == 3 and Advice.from_json(data) == new
-    assert parse(Advice.from_json(data).choice.method).quant == "int8"
+    from specdec.tune.advice import Calibrated, Verdict
+
+    record = Advice.from_json(VERSION_2)
+    tree = "draft:k=2:quant=int8:width=2"
+    rounds = Rounds(1.75, {0: 0.125, 4: 0.875}, 2.5)
+    new = replace(record, confirmed=[confirmed(tree, 1.7, 1.5)], choice=Choice(tree, 1.7, 1.5, "measured"),
+                  calibration=record.calibration | {tree: Calibrated((0.8, 0.5), 1.0, rounds=rounds)},
+                  proposers=record.proposers | {tree: Verdict(2, 1.7, "r", speedup_by_k={2: 1.7}, hit_rate=1.0)},
+                  llamacpp={"tokens_per_s": 9.0}, not_ranked={"x": "why"})
+    data = json.loads(json.dumps(new.to_json()))
+    assert data["version"] == 4 and data["calibration"][tree]["rounds"]["blocks"] == {"0": 0.125, "4": 0.875}
+    assert Advice.from_json(data) == new and Advice.from_json(data).calibration[tree].rounds.nodes == 3.5
+    assert parse(Advice.from_json(data).choice.method).width == 2
 
 
 def test_confirm_runs_each_method_paired_with_plain_decoding(target, monkeypatch):

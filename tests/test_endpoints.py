@@ -242,6 +242,19 @@ def test_export_writes_llamacpp_server_flags():
     assert out.command.startswith("llama-server -m t.gguf --model-draft d.gguf")
 
 
+def test_export_of_a_round_option_gives_its_own_verdict_and_says_what_it_drops():
+    from dataclasses import replace
+
+    from specdec.tune.advice import Verdict
+
+    advice = _advised(Advice.load(ADVICE), "draft:k=2:quant=int8:width=2")
+    advice = replace(advice, proposers=advice.proposers | {"draft:k=2:quant=int8:width=2": Verdict(2, 1.3, "a tree")})
+    out = export(advice, "vllm", "t", "d")
+    assert out.settings["num_speculative_tokens"] == 2 and out.reason.endswith("; a tree")
+    assert any(n.startswith("width=2:") for n in out.notes)
+    assert any(n.startswith("dyn=1:") for n in export(_advised(advice, "draft:k=2:dyn=1"), "llamacpp", "t", "d").notes)
+
+
 def test_advise_exports_from_a_saved_record_without_measuring(capsys, tmp_path):
     assert main(["advise", "--export", "vllm", "--from", str(ADVICE), "--json",
                  "--target", str(tmp_path / "t"), "--draft", str(tmp_path / "d")]) == 0

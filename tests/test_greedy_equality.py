@@ -111,6 +111,10 @@ def test_draft_actually_speculates(seeded):
     out_h = generate(target, prompt, drafter=hybrid, max_new_tokens=40, eos_token_id=[])
     lookup_rounds = sum(found.tokens.numel() > 0 for found in lookup_guesses)
     assert 0 < lookup_rounds < out_h.stats.rounds and hybrid.calls > 1
+    # a draft forward per guess in the draft's rounds, none in lookup rounds (advise prices this)
+    s = out_h.stats
+    expected = [0 if found.tokens.numel() else n for found, n in zip(lookup_guesses, s.proposed_lengths)]
+    assert s.draft_steps == expected + [0] * (s.rounds - len(lookup_guesses))  # a last round left no room
     # adaptive k: some rounds stop early, none guesses more than k
     adaptive = generate(target, prompt, drafter=DraftModel(draft, 4, policy=ConfidenceFloor(0.1)), max_new_tokens=40,
                         eos_token_id=[])

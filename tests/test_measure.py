@@ -6,13 +6,13 @@ import torch
 from conftest import word_tokenizer
 
 from specdec import DraftModel, PromptLookup, generate
-from specdec.cost.model import Acceptance, Costs, predicted_speedup
+from specdec.cost.model import Acceptance, Costs, Rounds, predicted_speedup
 from specdec.decode.lm import CausalLM, shared_prefix
 from specdec.decode.stats import GenerationStats
 from specdec.errors import SpecdecError
-from specdec.methods.spec import Method
+from specdec.methods.spec import Method, parse
 from specdec.prompts.long import articles, long_prompt
-from specdec.tune.advise import bandwidth_verdict, recommend
+from specdec.tune.advise import bandwidth_verdict, ranking, recommend
 from specdec.tune.calibration import Calibration
 from specdec.tune.measure import copy_bandwidth, kv_bytes, measure_model, measured_kv_bytes, read_bandwidth, time_blocks
 
@@ -110,6 +110,44 @@ def test_calibration_from_stats_hand_computed():
     assert cal.histogram == [1, 1, 1]
     assert cal.acceptance_rate == pytest.approx(3 / 6)
     assert cal.propose_per_round == pytest.approx(0.8 / 4) and cal.overhead_per_round == pytest.approx(0.2 / 4)
+
+
+def test_calibration_records_what_the_rounds_did():
+    """A width-2 tree at k=2 on two prompts: rounds (nodes, accepted, draft steps) (4, 2, 2),
+    (4, 0, 2), then (0, 0, 0), a last round left no room (dropped), and (2, 1, 1), cut short."""
+    first, second = GenerationStats(), GenerationStats()
+    for s, rounds in ((first, [(4, 2, 2), (4, 0, 2), (0, 0, 0)]), (second, [(2, 1, 1)])):
+        for nodes, accepted, steps in rounds:
+            s.record_round(nodes, accepted, steps)
+    rounds = Calibration.from_stats([first, second]).rounds
+    # draft steps (2+2+1)/3; blocks of 4 nodes in 2 rounds of 3, of 2 in 1; tokens (3+1+2)/3
+    assert rounds == Rounds(5 / 3, {2: 1 / 3, 4: 2 / 3}, 2.0) and rounds.nodes == pytest.approx(10 / 3)
+    assert Calibration.from_stats([GenerationStats()]).rounds is None
+
+
+def test_a_round_option_is_priced_from_its_measured_rounds():
+    """Those rounds with C_T 0.1, C_D 0.03, C_V(2) 0.09, C_V(4) 0.12, overhead 0.01 a round and
+    0.002 a plain step: a round costs 5/3*0.03 + (1/3*0.09 + 2/3*0.12) + 0.01 = 0.05 + 0.11 + 0.01
+    = 0.17 s for 2 tokens, 0.085 s a token against plain decoding's 0.102: 1.2x."""
+    rounds = Rounds(5 / 3, {2: 1 / 3, 4: 2 / 3}, 2.0)
+    cal = Calibration(Acceptance((0.5, 0.5)), [], 0.5, 0.0, 0.01, 0.0, rounds=rounds)
+    verify = {1: 0.08, 2: 0.09, 3: 0.1, 4: 0.12}
+    tree = parse("draft:k=2:width=2")
+    verdicts, choice = recommend(0.1, verify, 0.002, {tree: (0.03, cal)}, 4)
+    assert verdicts[tree.label].k == 2 and verdicts[tree.label].speedup == pytest.approx(1.2, abs=1e-12)
+    assert verdicts[tree.label].speedup_by_k == {2: pytest.approx(1.2, abs=1e-12)}
+    assert "1.67 draft steps and verified 3.33 tokens, 1.70 target steps, for 2.00 tokens" in verdicts[tree.label].reason
+    assert choice.method == tree.label and ranking(verdicts, [tree]) == [(tree, verdicts[tree.label].speedup)]
+    # a hybrid's draft steps are measured: its share of draft rounds does not scale C_D again
+    hybrid = parse("hybrid:k=2:conf=0.6")
+    shared = Calibration(Acceptance((0.5, 0.5)), [], 0.5, 0.0, 0.01, 0.0, draft_share=0.25, rounds=rounds)
+    assert recommend(0.1, verify, 0.002, {hybrid: (0.03, shared)}, 4)[0][hybrid.label].speedup == pytest.approx(1.2)
+    # one that does not pay ranks nowhere, its prediction kept: 0.102 / (0.17 / 1.25)
+    slow = Calibration(Acceptance((0.1,)), [], 0.5, 0.0, 0.01, 0.0, rounds=Rounds(5 / 3, {2: 1 / 3, 4: 2 / 3}, 1.25))
+    verdicts, choice = recommend(0.1, verify, 0.002, {tree: (0.03, slow)}, 4)
+    assert (verdicts[tree.label].k, verdicts[tree.label].speedup) == (0, 1.0) and choice.method == "ar"
+    assert verdicts[tree.label].speedup_by_k[2] == pytest.approx(0.102 / (0.17 / 1.25))
+    assert ranking(verdicts, [tree]) == []
 
 
 def test_calibration_ignores_a_last_round_left_without_room():

@@ -72,6 +72,8 @@ def test_tree_greedy_equals_plain(seeded, leaf_spy):
             assert out.finish_reason == "length"
             assert out.stats.target_calls == out.stats.rounds + 1
             assert out.stats.accepted + out.stats.rounds + 1 == 40
+            # a draft forward per chain token; each brings width-1 alternative leaves (advise prices this)
+            assert out.stats.proposed_lengths == [width * steps for steps in out.stats.draft_steps], (k, width)
     assert leaf_spy["leaf"] > 0, leaf_spy  # alternative leaves were accepted, and still equal
 
 

@@ -31,9 +31,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description="Times C_T(1), C_V(k) and C_D of each draft form, measures acceptance by "
                        "position of every method family (the draft as none/int8/int4 and with a restricted head, "
                        "prompt lookup, the hybrid) on calibration prompts, predicts the speedup of each family and "
-                       "k, runs the top 3 paired with plain decoding, and times llama.cpp's plain decoding of the "
-                       "same GGUF where installed. An estimated 6 minutes for the 1.5B/0.5B pair on 2 idle CPU cores; "
-                       "--quick about 2.")
+                       "k, calibrates the round options of the best draft and hybrid at their best k (tree width 2 "
+                       "and 3, conf, dyn, pay) and prices each from its measured rounds, runs the top 3 paired with "
+                       "plain decoding, and times llama.cpp's plain decoding of the same GGUF where installed. "
+                       "docs/advise.md says how long it takes; --quick skips the restricted head, the round "
+                       "options and the confirmation.")
     add_model_args(a, "draft model; 'none' measures prompt lookup only")
     add_settings(a, AdviseSettings)
     a.add_argument("--dataset", default="spec-bench", help="calibration prompts: a bench dataset name or JSONL")
@@ -42,8 +44,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     a.add_argument("--raw", action="store_true", help="no chat template")
     a.add_argument("--json", action="store_true", help="print the advice record as one JSON object")
     a.add_argument("--quick", action="store_true",
-                   help="fewer candidates (the draft as given and as int4, no restricted head) and no paired "
-                        "confirmation: about a third of the time, the choice by prediction only")
+                   help="fewer candidates (the draft as given and as int4, no restricted head, no round options) "
+                        "and no paired confirmation: the choice by prediction only")
     a.add_argument("--random-weights", action="store_true",
                    help="time models of the target's and draft's shapes with random weights (no weights "
                         "needed here); acceptance then comes from --acceptance")
@@ -100,7 +102,8 @@ def cmd_advise(args: argparse.Namespace) -> int:
         encoded = [torch.randint(scored_width(target), (32,), generator=gen).tolist() for _ in prompts]
     else:
         encoded = [encode_prompt(tokenizer, p.text, raw=args.raw) for p in prompts]
-    settings = replace(settings_of(args, AdviseSettings), prompts=len(prompts), **({"confirm": 0} if args.quick else {}))
+    quick = {"confirm": 0, "round_options": False} if args.quick else {}
+    settings = replace(settings_of(args, AdviseSettings), prompts=len(prompts), **quick)
     say = lambda step: print(f"[advise] {step}", file=sys.stderr, flush=True)
     advice = run_advise(target, drafts, families, tokenizer, settings, encoded, progress=say, saved=saved)
     advice = replace(

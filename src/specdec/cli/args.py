@@ -12,12 +12,16 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
+from typing import TYPE_CHECKING
 
 from ..errors import SpecdecError
 from ..methods.kinds import KINDS
 from ..methods.spec import Flags, Method, parse, resolve_auto
 from ..quant import MODES
 from ..runtime.choose import RUNTIMES
+
+if TYPE_CHECKING:  # for annotations only: a command imports the advice (and scipy) when it needs it
+    from ..tune.advice import Advice
 
 
 def add_model_args(p: argparse.ArgumentParser, draft_help: str = "draft model of draft and hybrid methods",
@@ -211,10 +215,16 @@ def draft_vocabulary(args: argparse.Namespace) -> int | None:
         return None
 
 
-def load_advice(path: str | None):
-    from ..tune.advice import Advice
+def pay_advice(args: argparse.Namespace, asked: Method | None, runs: Method | None) -> Advice | None:
+    """The advice whose cost terms pay=1 stops by: --pay-rule FILE, else, where `auto` (`asked`)
+    chose a method with pay=1 (`runs`), the saved advice that chose it; None otherwise."""
+    from ..tune.advice import Advice, advice_path
 
-    return Advice.load(path) if path else None
+    if args.pay_rule:
+        return Advice.load(args.pay_rule)
+    if asked is not None and asked.kind == "auto" and runs is not None and runs.pay:
+        return Advice.load(advice_path(setup_of(args, asked.vocab)))
+    return None
 
 
 def load_drafts(args: argparse.Namespace, target, tokenizer, methods: list[Method], reuse_caches: bool = False,
@@ -249,9 +259,10 @@ def load_proposer(args: argparse.Namespace, method: Method):
     proposer (None: plain decoding). generate and check run this."""
     from ..methods.build import build_proposer, check_specdec
 
+    asked = method
     method, said = resolve(args, method)
     check_specdec(method)  # before the models load (slow)
-    advice = load_advice(args.pay_rule)
+    advice = pay_advice(args, asked, method)
     target, tokenizer = load_target(args)
     args.method_reason = f"auto: {said}" if said else "as --proposer says"  # generate's --json reports it
     if said:  # said once the target is known to load, so a bad name still gives a one-line error

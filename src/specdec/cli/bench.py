@@ -16,9 +16,9 @@ from .args import (
     add_sampling_args,
     at_least_one,
     draft_flags,
-    load_advice,
     load_drafts,
     load_target,
+    pay_advice,
     quant_record,
     resolve,
 )
@@ -119,7 +119,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     # Checked before the models load (slow), so a refused folder is refused at once.
     check_out_dir(out, config, args.resume)
 
-    advice = load_advice(args.pay_rule)
+    advice = pay_advice(args, auto_method, auto)
     local_todo = [m for m in local if m.label not in finished]  # a resumed run loads no model it will not run
     target, tokenizer = load_target(args) if local_todo else (None, load_tokenizer(args.target, args.trust_remote_code))
     executor = None

@@ -9,6 +9,11 @@ rejection: measured, they are a small part of it). Hence
     cost per token = (k*C_D + C_V(k) + C_O) / E[A + 1]
     speedup        = (C_T(1) + baseline overhead) / cost per token
 
+The same formula prices a round whose length is not fixed (a tree, a confidence floor, the
+pay rule, a schedule) from what its rounds did as measured (Rounds): mean draft steps x C_D,
+plus C_V of each block size weighted by its share of rounds, plus C_O, over the mean tokens a
+round committed.
+
 Pure math (numpy/scipy, no torch) so the benchmark and the advisor can predict from
 measured numbers without loading a model.
 """
@@ -182,24 +187,57 @@ class Costs:
         return float(ts[-1] + slope * (k - ks[-1]))
 
 
-def round_cost(costs: Costs, k: int, hit_rate: float = 1.0) -> float:
-    """Expected seconds of one round: k*C_D + C_V(k) + C_O, where a round without a guess
-    (probability 1 - hit_rate) verifies only the pending token, C_V(0)."""
-    verify = costs.verify(k)
-    if hit_rate < 1.0:
-        verify = hit_rate * verify + (1.0 - hit_rate) * costs.verify(0)
-    return k * costs.c_draft + verify + costs.c_overhead
+@dataclass(frozen=True)
+class Rounds:
+    """What a method's rounds do on average: the draft steps they take (C_D each), the blocks
+    the target verifies, the tokens they commit.
+
+    blocks[n] is the share of rounds that verify n proposed tokens after the pending one, in
+    one forward (a tree's n counts all its nodes; n = 0 is a plain step, C_V(0) = C_T(1)). The
+    fixed-k model's rounds follow from acceptance (Rounds.fixed); a method whose round length
+    varies is measured (specdec.tune.calibration)."""
+
+    draft_steps: float
+    blocks: Mapping[int, float]
+    tokens: float
+
+    @classmethod
+    def fixed(cls, acceptance: Acceptance, k: int) -> Rounds:
+        """Proposing k tokens a round with these rates (acceptance.at_k(k)): k draft steps every
+        round, a block of k where the proposer guessed and only the pending token elsewhere."""
+        acc = acceptance.at_k(k)
+        return cls(k, {k: acc.hit_rate, 0: 1.0 - acc.hit_rate}, acc.expected_tokens)
+
+    @property
+    def nodes(self) -> float:
+        """Tokens verified per round after the pending one."""
+        return float(sum(n * share for n, share in self.blocks.items()))
+
+
+def round_cost(costs: Costs, rounds: Rounds) -> float:
+    """Expected seconds of one round: draft_steps*C_D + sum over n of share_n*C_V(n) + C_O."""
+    verify = sum(share * costs.verify(n) for n, share in rounds.blocks.items() if share)
+    return rounds.draft_steps * costs.c_draft + verify + costs.c_overhead
+
+
+def seconds_per_token(costs: Costs, rounds: Rounds) -> float:
+    """Expected seconds per committed token of these rounds."""
+    return round_cost(costs, rounds) / rounds.tokens
+
+
+def rounds_speedup(costs: Costs, rounds: Rounds) -> float:
+    """Plain decoding's seconds per token over these rounds'; > 1 means they pay."""
+    return (costs.c_target + costs.c_baseline_overhead) / seconds_per_token(costs, rounds)
 
 
 def cost_per_token(costs: Costs, acceptance: Acceptance, k: int) -> float:
     """Expected seconds per committed token when proposing k (acceptance.at_k(k) rates)."""
-    acc = acceptance.at_k(k)
-    return round_cost(costs, k, acc.hit_rate) / acc.expected_tokens
+    return seconds_per_token(costs, Rounds.fixed(acceptance, k))
 
 
 def predicted_speedup(costs: Costs, acceptance: Acceptance, k: int) -> float:
     """Plain decoding's seconds per token over speculative decoding's; > 1 means it pays."""
-    return (costs.c_target + costs.c_baseline_overhead) / cost_per_token(costs, acceptance, k)
+    return rounds_speedup(costs, Rounds.fixed(acceptance, k))
 
 
 def break_even_alpha(costs: Costs, k: int) -> float | None:

@@ -131,7 +131,9 @@ def generate(
             # Leave room for the target's own token: never overshoot max_new_tokens.
             room = max_new_tokens - (length - prompt.numel()) - 1
             k = min(drafter.k, room) if drafter is not None else 0
+            calls = drafter.calls if k else 0
             proposal = drafter.propose(seq[:length], k, cfg, generator) if k else Proposal(seq[:0])
+            steps = drafter.calls - calls if k else 0
             clock.lap("propose")
             rows = _score(lm, seq[length - 1 : length], proposal)
             clock.lap("verify")
@@ -140,7 +142,7 @@ def generate(
             if drafter is not None:
                 drafter.observe(proposal.tokens.numel(), accepted)
                 drafter.rollback(length)
-            stats.record_round(proposal.tokens.numel(), accepted)
+            stats.record_round(proposal.tokens.numel(), accepted, steps)
             # A round that asked for no guesses (the last one) leaves the draft untouched.
             _assert_caches(lm, draft_lm if k else None, drafter is not None and drafter.may_lag, length, check)
             clock.lap("accept")

@@ -22,6 +22,8 @@ class GenerationStats:
     accepted: int = 0
     accept_lengths: list[int] = field(default_factory=list)  # accepted draft tokens, per round
     proposed_lengths: list[int] = field(default_factory=list)  # proposed draft tokens, per round
+    # draft model forwards per round (a tree's alternatives and a hybrid's lookup rounds take none)
+    draft_steps: list[int] = field(default_factory=list)
     # [i]: rounds in which guess i+1 was judged (proposed, and guesses 1..i accepted)
     position_judged: list[int] = field(default_factory=list)
     position_accepted: list[int] = field(default_factory=list)  # [i]: rounds that accepted guess i+1
@@ -29,12 +31,13 @@ class GenerationStats:
     new_tokens: int = 0
     tokens_per_s: float = 0.0  # decode part: tokens after the first, over the time after prefill
 
-    def record_round(self, proposed: int, accepted: int) -> None:
+    def record_round(self, proposed: int, accepted: int, draft_steps: int = 0) -> None:
         self.rounds += 1
         self.proposed += proposed
         self.accepted += accepted
         self.proposed_lengths.append(proposed)
         self.accept_lengths.append(accepted)
+        self.draft_steps.append(draft_steps)
         _grow(self.position_judged, min(proposed, accepted + 1))
         _grow(self.position_accepted, accepted)
 

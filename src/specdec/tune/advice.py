@@ -9,7 +9,10 @@ back to the device's measured default (DEFAULT_CHOICE) and says how to calibrate
 Version 2 names every proposer by its method spec (specdec.methods.spec): the draft variants as
 "draft", "draft:quant=int8", the choice as a full spec ("draft:k=2:quant=int8", or "ar" where
 speculation does not pay). Files without a version (advise before the method grammar) are read
-through `_from_version_1`, so the committed reports in docs/advise stay usable.
+through `_from_version_1`, so the committed reports in docs/advise stay usable. Version 3 added
+the paired confirmation; version 4 what each calibration's rounds did (`Calibrated.rounds`) and
+the round options ranked by full spec ("draft:k=2:quant=int4:width=2"); older versions lack only
+fields with defaults.
 """
 
 from __future__ import annotations
@@ -22,13 +25,13 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from ..cost.model import Costs
+from ..cost.model import Costs, Rounds
 from ..errors import SpecdecError
 from ..files import cache_root
 from ..methods.spec import Method, parse
 from ..proposers.policy import PayRule
 
-VERSION = 3
+VERSION = 4
 # Without advice, the fastest setting measured per kind of device. A CPU where specdec's kernels
 # have a vector path (avx512-vnni, avx2): the int4 draft in a hybrid at k=3 over the int4 target,
 # 1.77x the int4 target's plain decoding and 1.51x llama.cpp's on HumanEval/0-19 (2-core AMD
@@ -55,6 +58,7 @@ class Calibrated:
     expected_tokens_measured: float = 0.0
     expected_tokens_iid: float | None = None
     draft_share: float = 1.0  # rounds the draft model proposed in (a hybrid's lookup rounds cost none)
+    rounds: Rounds | None = None  # version 4: mean draft steps, blocks verified, tokens per round
 
 
 @dataclass(frozen=True)
@@ -122,15 +126,14 @@ class Advice:
     def from_json(cls, data: dict) -> Advice:
         if "version" not in data:
             data = _from_version_1(data)
-        elif data["version"] not in (2, VERSION):  # version 2 lacks only fields with defaults
+        elif data["version"] not in (2, 3, VERSION):  # older versions lack only fields with defaults
             raise ValueError(f"advice version {data['version']}; this specdec reads 1 to {VERSION}")
         ints = lambda d: {int(k): v for k, v in d.items()}  # JSON keeps int keys as strings
         plain = {f.name for f in fields(cls)} - {"verify", "calibration", "proposers", "choice", "confirmed", "version"}
         return cls(
             **{k: v for k, v in data.items() if k in plain},
             verify={int(k): float(v) for k, v in data["verify"].items()},
-            calibration={name: Calibrated(**{**c, "rates": tuple(c["rates"]), "histogram": tuple(c.get("histogram", ()))})
-                         for name, c in data["calibration"].items()},
+            calibration={name: _calibrated(c) for name, c in data["calibration"].items()},
             proposers={name: Verdict(**{**v, "speedup_by_k": ints(v.get("speedup_by_k", {})),
                                         "break_even_alpha": ints(v.get("break_even_alpha", {}))})
                        for name, v in data["proposers"].items()},
@@ -146,23 +149,45 @@ class Advice:
             raise SpecdecError(f"cannot read advice from {path} ({e}): give the JSON report of "
                                "`specdec advise --json` for this target and draft") from None
 
-    def draft_cost(self, method: Method) -> float:
-        """C_D of the draft a method runs; a restricted head without its own measurement is
-        charged its full-head draft's cost."""
-        for variant in (Method("draft", quant=method.quant, vocab=method.vocab), Method("draft", quant=method.quant)):
-            if variant.label in self.c_draft:
-                return self.c_draft[variant.label]
-        raise SpecdecError(f"this advice has no cost of the draft {Method('draft', quant=method.quant).label} "
-                           f"(measured: {', '.join(self.c_draft) or 'none'}): run `specdec advise` with that draft")
-
     def pay_rule(self, method: Method) -> PayRule:
         """The cost terms a method with pay=1 stops by (specdec.proposers.policy), up to its k."""
-        c_draft = self.draft_cost(method)
-        return PayRule.from_costs(Costs(self.c_target, c_draft, self.verify), c_draft, method.k)
+        return pay_rule(method, self.c_target, self.verify, self.c_draft)
 
     def rule_for(self, method: Method) -> PayRule | None:
         """The pay rule a method runs with: its own for pay=1, none otherwise."""
-        return self.pay_rule(method) if method.pay else None
+        return rule_for(method, self.c_target, self.verify, self.c_draft)
+
+
+def draft_cost(method: Method, c_draft: dict[str, float]) -> float:
+    """C_D of the draft a method runs, from advise's costs by draft variant; a restricted head
+    without its own measurement is charged its full-head draft's cost."""
+    for variant in (Method("draft", quant=method.quant, vocab=method.vocab), Method("draft", quant=method.quant)):
+        if variant.label in c_draft:
+            return c_draft[variant.label]
+    raise SpecdecError(f"this advice has no cost of the draft {Method('draft', quant=method.quant).label} "
+                       f"(measured: {', '.join(c_draft) or 'none'}): run `specdec advise` with that draft")
+
+
+def pay_rule(method: Method, c_target: float, verify: dict[int, float], c_draft: dict[str, float]) -> PayRule:
+    """The rule a method with pay=1 stops by (specdec.proposers.policy), up to its k, from
+    advise's cost terms: a record's (--pay-rule FILE), or those the advise run that calibrates
+    the method has just measured."""
+    cost = draft_cost(method, c_draft)
+    return PayRule.from_costs(Costs(c_target, cost, verify), cost, method.k)
+
+
+def rule_for(method: Method, c_target: float, verify: dict[int, float], c_draft: dict[str, float]) -> PayRule | None:
+    """pay_rule for a method with pay=1, None for any other."""
+    return pay_rule(method, c_target, verify, c_draft) if method.pay else None
+
+
+def _calibrated(record: dict) -> Calibrated:
+    rounds = record.get("rounds")
+    if rounds is not None:  # JSON keeps the block sizes as strings
+        rounds = Rounds(rounds["draft_steps"], {int(n): share for n, share in rounds["blocks"].items()},
+                        rounds["tokens"])
+    return Calibrated(**{**record, "rates": tuple(record["rates"]), "histogram": tuple(record.get("histogram", ())),
+                         "rounds": rounds})
 
 
 def _from_version_1(old: dict) -> dict:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..cost.model import Acceptance, expected_accepted_iid
+from ..cost.model import Acceptance, Rounds, expected_accepted_iid
 from ..decode.stats import GenerationStats
 from .advice import Calibrated
 
@@ -22,6 +22,7 @@ class Calibration:
     overhead_per_round: float  # seconds outside propose and verify
     tokens_per_s: float
     draft_share: float = 1.0  # rounds in which the draft model proposed, of all rounds (hybrid)
+    rounds: Rounds | None = None  # what its rounds did (None: a record from before version 4)
 
     @classmethod
     def from_stats(cls, stats: Sequence[GenerationStats], draft_rounds: int | None = None) -> Calibration:
@@ -33,8 +34,8 @@ class Calibration:
         rates = [a / j for a, j in zip(accepted, judged) if j > 0]
         # A generation's last round may be left no room to guess (max_new_tokens); that is no miss.
         rounds_of = [_without_empty_last(s) for s in stats]
-        proposed = [n for pairs in rounds_of for n, _ in pairs]
-        lengths = [a for pairs in rounds_of for n, a in pairs if n > 0]
+        proposed = [n for generation in rounds_of for n, _, _ in generation]
+        lengths = [a for generation in rounds_of for n, a, _ in generation if n > 0]
         rounds = max(1, sum(s.rounds for s in stats))
         hit = sum(n > 0 for n in proposed) / len(proposed) if proposed else 0.0
         decode = sum(s.decode_seconds for s in stats)
@@ -46,6 +47,7 @@ class Calibration:
             overhead_per_round=sum(s.times["accept"] + s.times["other"] for s in stats) / rounds,
             tokens_per_s=sum(s.new_tokens - 1 for s in stats) / decode if decode else 0.0,
             draft_share=1.0 if draft_rounds is None else min(1.0, draft_rounds / rounds),
+            rounds=_measured_rounds([r for generation in rounds_of for r in generation]),
         )
 
     @classmethod
@@ -60,6 +62,7 @@ class Calibration:
             overhead_per_round=overhead_per_round,
             tokens_per_s=0.0,
             draft_share=saved.draft_share,
+            rounds=saved.rounds,
         )
 
     def record(self) -> Calibrated:
@@ -67,7 +70,7 @@ class Calibration:
             rates=self.acceptance.rates, hit_rate=self.acceptance.hit_rate, histogram=tuple(self.histogram),
             acceptance_rate=self.acceptance_rate, propose_per_round=self.propose_per_round,
             tokens_per_s=self.tokens_per_s, expected_tokens_measured=self.acceptance.expected_tokens,
-            expected_tokens_iid=self._iid_tokens(), draft_share=self.draft_share,
+            expected_tokens_iid=self._iid_tokens(), draft_share=self.draft_share, rounds=self.rounds,
         )
 
     def _iid_tokens(self) -> float | None:
@@ -78,10 +81,22 @@ class Calibration:
         return self.acceptance.hit_rate * expected_accepted_iid(self.acceptance_rate, self.acceptance.k) + 1.0
 
 
-def _without_empty_last(stats: GenerationStats) -> list[tuple[int, int]]:
-    """(proposed, accepted) per round, without a final round that proposed nothing."""
-    pairs = list(zip(stats.proposed_lengths, stats.accept_lengths))
-    return pairs[:-1] if pairs and pairs[-1][0] == 0 else pairs
+def _without_empty_last(stats: GenerationStats) -> list[tuple[int, int, int]]:
+    """(proposed, accepted, draft steps) per round, without a final round that proposed nothing."""
+    rounds = list(zip(stats.proposed_lengths, stats.accept_lengths, stats.draft_steps))
+    return rounds[:-1] if rounds and rounds[-1][0] == 0 else rounds
+
+
+def _measured_rounds(rounds: list[tuple[int, int, int]]) -> Rounds | None:
+    """Their mean draft steps, the share of rounds by tokens verified, their mean tokens
+    committed (the cost model prices a round option from these: specdec.cost.model.Rounds)."""
+    if not rounds:
+        return None
+    n = len(rounds)
+    sizes = np.bincount([p for p, _, _ in rounds])
+    return Rounds(draft_steps=sum(d for _, _, d in rounds) / n,
+                  blocks={size: count / n for size, count in enumerate(sizes.tolist()) if count},
+                  tokens=sum(a + 1 for _, a, _ in rounds) / n)
 
 
 def _sum_lists(lists: Sequence[Sequence[int]]) -> list[int]:

@@ -8,22 +8,34 @@ a large vocabulary, with its head restricted to the HEAD most frequent ids (in t
 only, int4 on a CPU: a restricted head trims the output layer, the share of a step that grows
 with the vocabulary); prompt lookup; and the hybrid, lookup where an n-gram matches, else the
 draft variant ranked first (hybrid_of), measured after the drafts.
+
+Then the round options (round_variants): the best-predicted family of each kind that takes them
+(draft and hybrid), at its best k, as a tree of width 2 and 3 (the draft only), with a
+confidence floor, with the acceptance schedule (dyn=1) and with the pay rule, each calibrated in
+a run of its own and priced from what its rounds did.
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 from ..methods.spec import DEFAULT_NGRAM, Method
 
 HEAD = 32768  # a restricted head's size (the ids that cover most text of a 150k vocabulary)
 
-# Families and options advise does not rank, and why (recorded in the advice).
+WIDTHS = (2, 3)  # the tree widths ranked; a width-w tree at k verifies up to w*k nodes in one block
+# The confidence floor ranked: the one docs/quant.md measured (hybrid and draft at k=4 on Spec-Bench).
+CONF = 0.6
+
+# Options advise does not rank, and why (recorded in the advice).
 NOT_RANKED = {
-    "draft:width=2": "tree rounds verify a tree of width*k nodes whose accepted depth the chain cost model does "
-                     "not price; compare them with `specdec bench --methods draft:k=3:width=2,...`",
-    "conf": "a confidence floor stops rounds at a data-dependent length the fixed-k model does not price",
-    "pay": "pay=1 is the cost model's own per-round rule over these same terms: run it with --pay-rule FILE",
-    "dyn": "dyn=1 adapts k from the acceptance seen so far; the fixed-k model does not price the schedule",
+    "round options of the other families": "only the best-predicted family of each kind that takes them (draft, "
+                                           "hybrid) is calibrated with them, at its best k: each variant is a "
+                                           "calibration run of its own",
+    "other conf floors, width above 3, conf/dyn/pay combined": "not calibrated; compare them with `specdec bench "
+                                                               "--methods ...`",
 }
+QUICK = {"width, conf, dyn, pay": "--quick calibrates no round options: the families are ranked at fixed k only"}
 
 
 def candidates(has_draft: bool, device: str, quant: str | None = None, vocab: int | None = None,
@@ -55,3 +67,13 @@ def hybrid_of(draft: Method) -> Method:
 def draft_variant(family: Method) -> Method:
     """The draft form a family runs, the key its C_D is measured and recorded under."""
     return Method("draft", quant=family.quant, vocab=family.vocab)
+
+
+def round_variants(best: Method) -> list[Method]:
+    """The round options that apply to a family at its best k (a full spec with k): tree widths
+    for the draft alone (specdec's hybrid takes no width), then conf, dyn and pay. At k=1 a
+    round guesses one token whatever a stop or schedule says, so only the trees remain."""
+    trees = [replace(best, width=w) for w in WIDTHS] if best.kind == "draft" else []
+    if best.k == 1:
+        return trees
+    return [*trees, replace(best, conf=CONF), replace(best, dyn=True), replace(best, pay=True)]

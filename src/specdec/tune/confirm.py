@@ -12,26 +12,29 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..methods.spec import Method
+from ..proposers.policy import PayRule
 from .advice import Choice, Confirmed
 
 WARMUP_TOKENS = 8
 
 
 def confirm(target, drafts, top: list[tuple[Method, float]], prompts: list[list[int]], tokens: int,
-            progress: Callable[[str], None] = lambda _: None) -> list[Confirmed]:
-    """Run each (method, predicted speedup) of `top` paired with plain decoding on `prompts`."""
+            progress: Callable[[str], None] = lambda _: None,
+            pay: Callable[[Method], PayRule | None] = lambda _: None) -> list[Confirmed]:
+    """Run each (method, predicted speedup) of `top` paired with plain decoding on `prompts`; a
+    method with pay=1 stops by `pay`'s rule for it."""
     from ..methods.build import build_proposer
 
     out = []
     for method, predicted in top:
         progress(f"confirming {method.label} (predicted {predicted:.2f}x) against plain decoding, paired")
-        for proposer in (None, build_proposer(method, drafts)):  # warm-up, discarded
+        for proposer in (None, build_proposer(method, drafts, pay(method))):  # warm-up, discarded
             _decode(target, prompts[0], proposer, WARMUP_TOKENS)
         totals = {"plain": [0, 0.0], "method": [0, 0.0]}
         for i, prompt in enumerate(prompts):
             order = ("plain", "method") if i % 2 == 0 else ("method", "plain")
             for side in order:
-                proposer = None if side == "plain" else build_proposer(method, drafts)
+                proposer = None if side == "plain" else build_proposer(method, drafts, pay(method))
                 n, seconds = _decode(target, prompt, proposer, tokens)
                 totals[side][0] += n
                 totals[side][1] += seconds

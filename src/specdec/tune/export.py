@@ -112,7 +112,8 @@ def _reason(advice: Advice, method: Method) -> str:
     if method.kind == "ar":
         why = "; ".join(f"{name}: {v.reason}" for name, v in advice.proposers.items())
         return f"speculation does not pay here (no proposer reaches the minimum gain): {why}"
-    verdict = advice.proposers.get(method.family().label)
+    # a round option's verdict is under its full spec, a family's under its label without k
+    verdict = advice.proposers.get(method.label) or advice.proposers.get(method.family().label)
     measured = f"; {verdict.reason}" if verdict else ""
     return (f"predicted {advice.choice.predicted_speedup:.2f}x over plain decoding on {advice.device} "
             f"({advice.dtype}, C_T(1) {advice.c_target * 1000:.1f} ms){measured}")
@@ -133,6 +134,8 @@ def _unsupported(method: Method, engine: str) -> list[str]:
         notes.append(f"width={method.width}: tree speculation has no counterpart here; the export is a chain")
     if method.pay:
         notes.append("pay=1: the cost-model stop has no counterpart; the export guesses k tokens a round")
+    if method.dyn:
+        notes.append("dyn=1: the acceptance schedule has no counterpart; the export guesses k tokens a round")
     if method.conf and engine == "vllm":
         notes.append(f"conf={method.conf:g}: vLLM has no draft-probability stop; llama.cpp's --spec-draft-p-min is one")
     if method.kind == "lookup" and engine == "llamacpp":

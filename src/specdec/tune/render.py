@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..cost.model import Rounds
 from ..fmt import num
 from ..methods.spec import parse
 from .advice import Advice
@@ -45,7 +46,8 @@ def render(advice: Advice) -> str:
         rates = " ".join(f"{r:.2f}" for r in c.rates)
         lines.append(f"   {name}: by position [{rates}], rounds that guessed {100 * c.hit_rate:.0f}%, "
                      f"accepted-length histogram {list(c.histogram)}, E[tokens/round] "
-                     f"{c.expected_tokens_measured:.2f} (i.i.d. alpha model: {num(c.expected_tokens_iid)})")
+                     f"{c.expected_tokens_measured:.2f} (i.i.d. alpha model: {num(c.expected_tokens_iid)})"
+                     + _rounds(c.rounds))
     lines.append("4. C_V(k) in target steps: "
                  + ", ".join(f"k={k}: {v / advice.c_target:.2f}" for k, v in advice.verify.items()))
     parts = ", ".join(f"{n} {m['weights'] / GIB:.2f} GiB weights + {m['kv_cache'] / GIB:.3f} GiB KV"
@@ -71,6 +73,13 @@ def render(advice: Advice) -> str:
         lines.append(f"Recommendation: --proposer {choice.method} (predicted {choice.predicted_speedup:.2f}x{measured}"
                      f"{'; ' + choice.reason if choice.reason else ''}).")
     return "\n".join(lines)
+
+
+def _rounds(rounds: Rounds | None) -> str:
+    if rounds is None:  # a record from before version 4
+        return ""
+    return (f"; a round: {rounds.draft_steps:.2f} draft steps, {rounds.nodes:.2f} tokens verified, "
+            f"{rounds.tokens:.2f} committed")
 
 
 def _confirmed(advice: Advice) -> list[str]:
