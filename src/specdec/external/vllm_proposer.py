@@ -1,7 +1,7 @@
 """specdec's prompt lookup as a vLLM proposer (vLLM's `custom_class` speculative method): a vLLM
 server that drafts with specdec's own n-gram search, verified by vLLM as any proposer is.
 
-    --speculative-config '{"method": "custom_class", "model": "specdec.vllm_proposer.Lookup",
+    --speculative-config '{"method": "custom_class", "model": "specdec.external.vllm_proposer.Lookup",
                            "num_speculative_tokens": 4, "prompt_lookup_max": 3}'
 
 vLLM imports the class in its worker process (VllmServer puts specdec's source on that
