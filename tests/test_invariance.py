@@ -50,7 +50,10 @@ def test_linear_row_is_the_same_alone_and_in_any_block(dtype, kind, in_groups, o
     block = torch.randn(rows, in_features).to(dtype=dtype, device=DEVICE)
     at = data.draw(st.integers(0, rows - 1))
     alone = layer(block[at : at + 1])
-    assert layer.min_rows in (1, 2)
+    # specdec's own kernels keep a row's bits in any block; a GEMM library may need padding to 2
+    # rows, or to a fixed 17 (seen on CI's AVX-512 BF16 machine for oneDNN bf16 with 6 inputs),
+    # but some block must keep them, or the model could not be a target at all.
+    assert (layer.min_rows == 1) if kind != "dense" else (layer.min_rows in (1, 2, 17))
     assert torch.equal(layer(block)[at : at + 1], alone)
 
 
