@@ -102,10 +102,10 @@ def tiny_registry(monkeypatch, target):
 
 @pytest.fixture(autouse=True)
 def private_advice(monkeypatch, tmp_path_factory):
-    """Saved advice (specdec.tune.advice) goes to a fresh folder per test, never the user's cache; the
+    """Saved advice (specdec.tune.saved) goes to a fresh folder per test, never the user's cache; the
     converted real models stay where they are."""
-    from specdec.tune import advice
+    from specdec.tune import saved
 
     folder = tmp_path_factory.mktemp("advice")
-    monkeypatch.setattr(advice, "advice_dir", lambda: folder)
+    monkeypatch.setattr(saved, "advice_dir", lambda: folder)
 

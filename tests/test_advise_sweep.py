@@ -26,8 +26,9 @@ def test_advise_json_on_tiny_models(tiny_registry, tmp_path, capsys):
 
     from specdec.cost.model import Acceptance
     from specdec.methods.spec import parse
-    from specdec.tune.advise import BANDWIDTH_BOUND, MIN_GAIN
+    from specdec.tune.advise import MIN_GAIN
     from specdec.tune.candidates import NOT_RANKED, round_variants
+    from specdec.tune.measure import BANDWIDTH_BOUND
 
     args = ["advise", "--target", "tiny", "--draft", "tiny-draft", "--dataset", str(write_prompts(tmp_path)),
             "--categories", "", "--prompts", "2", "--context", "400", "--k-max", "4", "--calibration-k", "3",

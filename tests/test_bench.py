@@ -403,7 +403,8 @@ def test_auto_method_runs_the_advised_method(tiny_pair, dataset, tmp_path, capsy
     configuration, and runs that method's proposer; its output is ar's."""
     from specdec.cli import args as cli_args
     from specdec.cli import build_parser
-    from specdec.tune.advice import Advice, Choice, default_choice, save_advice
+    from specdec.tune.advice import Advice, Choice
+    from specdec.tune.saved import default_choice, save_advice
 
     out = tmp_path / "default"
     assert main(bench_args(tiny_pair, dataset, out, "--methods", "ar,auto")) == 0

@@ -91,7 +91,7 @@ def error_lines(err: str) -> int:
 
 def test_unknown_model_lists_known_names(capsys):
     code, _, err = run(capsys, "generate", "--target", "no-such-model", "--prompt", "hi")
-    assert code == 2 and "qwen2.5-coder-1.5b-instruct" in err and error_lines(err) == 1
+    assert code == 2 and "qwen2.5-coder-1.5b-instruct" in err and error_lines(err) == 1, err
 
 
 def test_empty_prompt_and_missing_prompt_file(capsys, tiny_registry, tmp_path):
@@ -214,7 +214,7 @@ def test_auto_is_the_default_and_uses_the_cpu_default_without_advice(capsys, tin
 
 def test_auto_follows_saved_advice(capsys, tiny_registry, tmp_path):
     from specdec.models.load import resolve_dtype
-    from specdec.tune.advice import advice_path, save_advice
+    from specdec.tune.saved import advice_path, save_advice
 
     setup = setup_of(auto_args())
     save_advice(setup, advice_choosing("ar", 1.0))
@@ -243,7 +243,7 @@ def test_auto_stops_by_the_pay_rule_of_the_advice_that_chose_it(capsys, tiny_reg
     (no --pay-rule FILE to give); given, the file's."""
     from dataclasses import replace
 
-    from specdec.tune.advice import save_advice
+    from specdec.tune.saved import save_advice
 
     advice = replace(advice_choosing("draft:k=3:pay=1", 1.3), c_draft={"draft": 0.01}, verify={1: 0.3, 2: 0.31, 3: 0.32})
     save_advice(setup_of(auto_args()), advice)
@@ -259,7 +259,7 @@ def test_auto_stops_by_the_pay_rule_of_the_advice_that_chose_it(capsys, tiny_reg
 
 
 def test_advice_saved_before_version_2_still_chooses(capsys, tiny_registry):
-    from specdec.tune.advice import advice_path
+    from specdec.tune.saved import advice_path
 
     setup = setup_of(auto_args())
     advice_path(setup).parent.mkdir(parents=True, exist_ok=True)
@@ -271,7 +271,8 @@ def test_advice_saved_before_version_2_still_chooses(capsys, tiny_registry):
 
 def test_advise_saves_advice_for_auto(capsys, tiny_registry, tmp_path):
     from specdec.methods.spec import parse
-    from specdec.tune.advice import Advice, advice_path
+    from specdec.tune.advice import Advice
+    from specdec.tune.saved import advice_path
 
     prompts = tmp_path / "calib.jsonl"
     prompts.write_text(json.dumps({"prompt": "w1 w2 w3 w1 w2 w3"}) + "\n")

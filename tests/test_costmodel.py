@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from specdec.cost.kv import kv_cache_bytes, kv_cache_bytes_for_config
 from specdec.cost.model import (
     Acceptance,
     Costs,
@@ -16,13 +17,10 @@ from specdec.cost.model import (
     expected_accepted_iid,
     expected_tokens_iid,
     fit_alpha,
-    kv_cache_bytes,
-    kv_cache_bytes_for_config,
     optimal_k,
     predicted_speedup,
     prediction_error,
     round_cost,
-    rounds_speedup,
 )
 
 # --- acceptance -----------------------------------------------------------------

@@ -225,7 +225,7 @@ def test_the_default_restricts_the_draft_head_only_where_the_vocabulary_is_large
     from specdec.cli import build_parser
     from specdec.cli.args import draft_vocabulary
     from specdec.models import target_form
-    from specdec.tune.advice import default_choice
+    from specdec.tune.saved import default_choice
 
     monkeypatch.setattr(target_form, "kernel_path", lambda device: "avx512-vnni")
     assert default_choice("cpu", 151936).label == "hybrid:k=3:ngram=3:quant=int4:vocab=32768"

@@ -12,9 +12,17 @@ from specdec.decode.stats import GenerationStats
 from specdec.errors import SpecdecError
 from specdec.methods.spec import Method, parse
 from specdec.prompts.long import articles, long_prompt
-from specdec.tune.advise import bandwidth_verdict, ranking, recommend
+from specdec.tune.advise import ranking, recommend
 from specdec.tune.calibration import Calibration
-from specdec.tune.measure import copy_bandwidth, kv_bytes, measure_model, measured_kv_bytes, read_bandwidth, time_blocks
+from specdec.tune.measure import (
+    bandwidth_verdict,
+    copy_bandwidth,
+    kv_bytes,
+    measure_model,
+    measured_kv_bytes,
+    read_bandwidth,
+    time_blocks,
+)
 
 
 def fed_tokens(model) -> list[int]:

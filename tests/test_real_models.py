@@ -113,7 +113,7 @@ def long_run(model, tok, drafters: dict, n: int) -> None:
     the KV caches' expected growth plus a margin for allocator slack."""
     import psutil
 
-    from specdec.cost.model import kv_cache_bytes_for_config
+    from specdec.cost.kv import kv_cache_bytes_for_config
 
     prompt = encode_prompt(tok, "Tell a long story about a lighthouse keeper and a storm.")
     plain = generate(model, prompt, max_new_tokens=n, eos_token_id=[]).new_tokens

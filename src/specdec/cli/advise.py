@@ -13,17 +13,14 @@ from ..tune.advise import AdviseSettings
 from ..tune.export import ENGINES
 from .args import (
     add_model_args,
-    add_settings,
-    at_least_one,
     draft_flags,
     load_drafts,
     load_target,
-    options,
     quant_record,
     say_target_form,
-    settings_of,
     setup_of,
 )
+from .options import add_settings, at_least_one, options, settings_of
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -68,10 +65,10 @@ def cmd_advise(args: argparse.Namespace) -> int:
     from ..models.load import resolve_dtype, scored_width
     from ..prompts.chat import encode_prompt
     from ..prompts.datasets import Selection, load_prompts
-    from ..tune.advice import save_advice
     from ..tune.advise import run_advise
     from ..tune.candidates import candidates
     from ..tune.render import render
+    from ..tune.saved import save_advice
 
     if args.from_file and not args.export:
         raise SpecdecError("--from FILE gives the advice for --export: add --export vllm or --export llamacpp")

@@ -10,7 +10,6 @@ method takes, or that contradicts the spec, is a one-line error. --target-quant 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 from typing import TYPE_CHECKING
 
@@ -167,10 +166,10 @@ def method_of(args: argparse.Namespace) -> Method:
 
 
 def setup_of(args: argparse.Namespace, vocab: int | None, runtime: str | None = None):
-    """What saved advice is keyed by, for these arguments (specdec.tune.advice.Setup): the target
+    """What saved advice is keyed by, for these arguments (specdec.tune.saved.Setup): the target
     with its form and, on specdec's native runtime, that runtime (its costs are not the hf ones);
     `runtime` as in target_runtime."""
-    from ..tune.advice import Setup
+    from ..tune.saved import Setup
 
     record = quant_record(args, runtime)
     quant = record["target"]
@@ -182,7 +181,7 @@ def setup_of(args: argparse.Namespace, vocab: int | None, runtime: str | None = 
 def resolve(args: argparse.Namespace, method: Method) -> tuple[Method, str | None]:
     """`auto` replaced by what the saved advice (or the device default) chose, with auto's own
     options where that method takes them; and a line saying so (None for other methods)."""
-    from ..tune.advice import choose
+    from ..tune.saved import choose
 
     if method.kind != "auto":
         return method, None
@@ -218,7 +217,8 @@ def draft_vocabulary(args: argparse.Namespace) -> int | None:
 def pay_advice(args: argparse.Namespace, asked: Method | None, runs: Method | None) -> Advice | None:
     """The advice whose cost terms pay=1 stops by: --pay-rule FILE, else, where `auto` (`asked`)
     chose a method with pay=1 (`runs`), the saved advice that chose it; None otherwise."""
-    from ..tune.advice import Advice, advice_path
+    from ..tune.advice import Advice
+    from ..tune.saved import advice_path
 
     if args.pay_rule:
         return Advice.load(args.pay_rule)
@@ -269,37 +269,3 @@ def load_proposer(args: argparse.Namespace, method: Method):
         print(f"[specdec] auto: {said}", file=sys.stderr)
     drafts = load_drafts(args, target, tokenizer, [method])
     return target, tokenizer, method, build_proposer(method, drafts, advice.rule_for(method) if advice else None)
-
-
-def ints(text: str, name: str) -> tuple[int, ...]:
-    try:
-        values = tuple(int(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise SpecdecError(f"--{name} takes a comma list of integers, got {text!r}") from None
-    if not values or min(values) < 1:
-        raise SpecdecError(f"--{name} needs positive integers, got {text!r}")
-    return values
-
-
-def options(settings: type) -> list[str]:
-    """The fields of a settings dataclass that are command-line options: those with a help text."""
-    return [f.name for f in dataclasses.fields(settings) if "help" in f.metadata]
-
-
-def add_settings(p: argparse.ArgumentParser, settings: type) -> None:
-    """The options of a settings dataclass (--name, or the field's "flag"), with its defaults."""
-    for f in dataclasses.fields(settings):
-        if f.name in options(settings):
-            flag = f.metadata.get("flag") or f"--{f.name.replace('_', '-')}"
-            p.add_argument(flag, dest=f.name, type=type(f.default), default=f.default, help=f.metadata["help"])
-
-
-def settings_of(args: argparse.Namespace, settings: type, **rest):
-    """The settings dataclass from its options' values (and `rest`)."""
-    return settings(**{name: getattr(args, name) for name in options(settings)}, **rest)
-
-
-def at_least_one(args: argparse.Namespace, *names: str) -> None:
-    for name in names:
-        if getattr(args, name) < 1:
-            raise SpecdecError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")

@@ -14,7 +14,6 @@ from ..methods.spec import Method
 from .args import (
     add_model_args,
     add_sampling_args,
-    at_least_one,
     draft_flags,
     load_drafts,
     load_target,
@@ -22,6 +21,7 @@ from .args import (
     quant_record,
     resolve,
 )
+from .options import at_least_one
 
 DEFAULT_METHODS = "ar,draft,lookup"
 METHODS_HELP = (

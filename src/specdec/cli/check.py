@@ -9,7 +9,8 @@ import time
 
 from ..conform.check import CheckPlan
 from ..errors import SpecdecError
-from .args import add_method_args, add_model_args, add_settings, load_proposer, method_of, quant_record, settings_of
+from .args import add_method_args, add_model_args, load_proposer, method_of, quant_record
+from .options import add_settings, settings_of
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -12,11 +12,11 @@ from .args import (
     add_method_args,
     add_model_args,
     add_sampling_args,
-    at_least_one,
     load_proposer,
     method_of,
     quant_record,
 )
+from .options import at_least_one
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -18,7 +18,7 @@ import time
 
 from ..errors import SpecdecError
 from ..quant import MODES
-from .args import at_least_one
+from .options import at_least_one
 
 ENGINES = ("llamacpp", *MODES)
 

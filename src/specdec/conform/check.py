@@ -54,7 +54,7 @@ class CheckResult:
 
 @dataclass
 class CheckPlan:
-    # Fields with a help text are `specdec check` options too (cli.args.add_settings).
+    # Fields with a help text are `specdec check` options too (cli.options.add_settings).
     greedy_prompts: int = field(default=4, metadata={"flag": "--prompts",
                                                      "help": "greedy prompts (built-in, several languages)"})
     greedy_tokens: int = field(default=32, metadata={"flag": "--tokens", "help": "new tokens per greedy prompt"})

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 from scipy.optimize import brentq
@@ -277,24 +276,6 @@ def optimal_k(costs: Costs, acceptance: Acceptance, k_max: int = 16) -> tuple[in
         if s > best:
             best_k, best = k, s
     return best_k, best
-
-
-def kv_cache_bytes(num_layers: int, num_kv_heads: int, head_dim: int, seq_len: int, bytes_per_elem: int = 2) -> int:
-    """Bytes of the K and V caches: 2 * L * n * H_kv * d_h * bytes (the 2 is K plus V)."""
-    return 2 * num_layers * seq_len * num_kv_heads * head_dim * bytes_per_elem
-
-
-def kv_cache_bytes_for_config(config: Any, seq_len: int, bytes_per_elem: int = 2) -> int:
-    """kv_cache_bytes from a transformers-style config.
-
-    num_key_value_heads falls back to num_attention_heads (models without GQA) and
-    head_dim to hidden_size // num_attention_heads; None counts as missing because
-    some configs carry the attribute unset.
-    """
-    heads = config.num_attention_heads
-    kv_heads = getattr(config, "num_key_value_heads", None) or heads
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-    return kv_cache_bytes(config.num_hidden_layers, kv_heads, head_dim, seq_len, bytes_per_elem)
 
 
 def prediction_error(predicted: float, measured: float) -> float:

@@ -20,9 +20,6 @@ from ..proposers.policy import PayRule
 from .advice import Advice, Choice, Verdict
 from .calibration import Calibration
 
-# A decode step that reads memory at this share of the read bandwidth or more is bandwidth-bound:
-# guesses then ride along almost free in a verify block.
-BANDWIDTH_BOUND = 0.5
 # Below this predicted speedup the advice is "don't speculate": the model's error (docs/bench) is
 # of this order, so a smaller gain is not worth the second model's memory.
 MIN_GAIN = 1.05
@@ -30,7 +27,7 @@ MIN_GAIN = 1.05
 
 @dataclass(frozen=True)
 class AdviseSettings:
-    # Fields with a help text are `specdec advise` options too (cli.args.add_settings), each >= 1.
+    # Fields with a help text are `specdec advise` options too (cli.options.add_settings), each >= 1.
     context: int = field(default=512, metadata={"help": "context length (tokens) the costs are timed at"})
     k_max: int = field(default=16, metadata={"help": "largest k to time and consider"})
     calibration_k: int = field(default=6, metadata={"help": "guesses per round while measuring acceptance"})
@@ -121,22 +118,6 @@ def _reason(costs: Costs, cal: Calibration, alpha: float, k: int, speedup: float
             f"break-even at k=1 is {be if be is None else round(be, 2)}")
 
 
-def bandwidth_verdict(decode_bytes: int, c_target: float, read_bytes_per_s: float, copy_bytes_per_s: float,
-                      verify: dict[int, float]) -> dict:
-    """Is one decode step limited by memory bandwidth or by compute on this machine? A step only
-    reads (weights, KV), so its rate is set against the measured read bandwidth, its roofline."""
-    used = decode_bytes / c_target
-    share = used / read_bytes_per_s
-    growth = verify.get(4, max(verify.values())) / c_target
-    if share < BANDWIDTH_BOUND:
-        bound = "compute"
-    else:  # the step streams memory; whether blocks ride along depends on the compute left
-        bound = "bandwidth" if growth < 1.5 else "mixed"
-    return {"bytes_per_step": decode_bytes, "bytes_per_s": used, "read_bytes_per_s": read_bytes_per_s,
-            "share_of_read_bandwidth": share, "copy_bytes_per_s": copy_bytes_per_s,
-            "verify4_over_step": growth, "bound": bound}
-
-
 def run_advise(target, drafts, families: list[Method], tokenizer, settings: AdviseSettings,
                prompts: list[list[int]], progress: Callable[[str], None] = lambda _: None,
                saved: Advice | None = None) -> Advice:
@@ -155,6 +136,7 @@ def run_advise(target, drafts, families: list[Method], tokenizer, settings: Advi
     from .confirm import confirm, confirmed_choice
     from .measure import (
         activation_dtype,
+        bandwidth_verdict,
         copy_bandwidth,
         decode_bytes,
         kv_bytes,

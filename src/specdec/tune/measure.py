@@ -16,10 +16,14 @@ from dataclasses import dataclass
 import torch
 from transformers import PreTrainedModel
 
-from ..cost.model import kv_cache_bytes_for_config
+from ..cost.kv import kv_cache_bytes_for_config
 from ..decode.lm import CausalLM
 from ..forward import BlockLinear
 from ..machine import synchronize
+
+# A decode step that reads memory at this share of the read bandwidth or more is bandwidth-bound:
+# guesses then ride along almost free in a verify block.
+BANDWIDTH_BOUND = 0.5
 
 
 @dataclass(frozen=True)
@@ -155,3 +159,19 @@ def activation_dtype(model) -> str:
     """The dtype a model computes in, by name: a transformers model's own; specdec's native
     runtime computes in float32 over its Q4/Q8 weights."""
     return str(_model(model).dtype).removeprefix("torch.")
+
+
+def bandwidth_verdict(step_bytes: int, c_target: float, read_bytes_per_s: float, copy_bytes_per_s: float,
+                      verify: dict[int, float]) -> dict:
+    """Is one decode step limited by memory bandwidth or by compute on this machine? A step only
+    reads (weights, KV), so its rate is set against the measured read bandwidth, its roofline."""
+    used = step_bytes / c_target
+    share = used / read_bytes_per_s
+    growth = verify.get(4, max(verify.values())) / c_target
+    if share < BANDWIDTH_BOUND:
+        bound = "compute"
+    else:  # the step streams memory; whether blocks ride along depends on the compute left
+        bound = "bandwidth" if growth < 1.5 else "mixed"
+    return {"bytes_per_step": step_bytes, "bytes_per_s": used, "read_bytes_per_s": read_bytes_per_s,
+            "share_of_read_bandwidth": share, "copy_bytes_per_s": copy_bytes_per_s,
+            "verify4_over_step": growth, "bound": bound}

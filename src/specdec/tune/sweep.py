@@ -29,7 +29,7 @@ from .calibration import Calibration
 class SweepSettings:
     contexts: tuple[int, ...] = (2048, 4096, 8192)
     methods: tuple[Method, ...] = ()  # draft and lookup methods (specdec.methods.spec)
-    # Fields with a help text are `specdec sweep` options too (cli.args.add_settings), each >= 1.
+    # Fields with a help text are `specdec sweep` options too (cli.options.add_settings), each >= 1.
     tokens: int = field(default=32, metadata={"help": "new tokens per generation (at least 2: the first comes "
                                                       "from the prefill)"})
     repeats: int = field(default=2, metadata={"help": "generations per method and context (after a warm-up)"})
