@@ -7,7 +7,7 @@ What must hold, each checked without tolerance where the design promises bits:
   1 or 2 threads, and (where the CPU runs it) on the AVX-512 VNNI path and the portable one;
 - GGUF's Q4_K, Q4_1 and Q6_K blocks decode to the same floats as gguf-py's own dequantization;
 - rounding a float weight stays within stated error (Q4 groups of 32: < 10% relative Frobenius
-  error on Gaussian weights, Q8: < 1%);
+  error on Gaussian weights, Q8: < 1%, Q3: < 20% and below plain min-max rounding's);
 - a failed build reports the compiler's error and leaves no library behind.
 """
 
@@ -20,7 +20,7 @@ from gguf import GGMLQuantizationType, quants
 
 from specdec import kernels
 from specdec.errors import SpecdecError
-from specdec.quant.weights import q4_rtn, q4k_split, q6k_split, q8_rtn, q41_split
+from specdec.quant.weights import _affine, q3_rtn, q4_rtn, q4k_split, q6k_split, q8_rtn, q41_split
 
 SHAPES = [(16, 32), (48, 96), (64, 896), (256, 1536), (32, 8960)]  # 896, 96: a short last super-block
 
@@ -38,10 +38,10 @@ def activations(x: torch.Tensor) -> torch.Tensor:
 def weight(kind: str, out: int, inputs: int, seed: int = 0):
     gen = torch.Generator().manual_seed(seed)
     dense = torch.randn(out, inputs, generator=gen) * 0.05
-    return q4_rtn(dense) if kind == "q4" else q8_rtn(dense)
+    return {"q3": q3_rtn, "q4": q4_rtn, "q8": q8_rtn}[kind](dense)
 
 
-@pytest.mark.parametrize("kind", ["q4", "q8"])
+@pytest.mark.parametrize("kind", ["q3", "q4", "q8"])
 @pytest.mark.parametrize("out, inputs", SHAPES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_the_product_is_that_of_the_quantized_activations(kind, out, inputs, dtype):
@@ -55,7 +55,7 @@ def test_the_product_is_that_of_the_quantized_activations(kind, out, inputs, dty
     assert torch.equal(kernels.linear(x, kernels.pack(w), bias, torch.bfloat16), y.bfloat16())
 
 
-@pytest.mark.parametrize("kind", ["q4", "q8"])
+@pytest.mark.parametrize("kind", ["q3", "q4", "q8"])
 @pytest.mark.parametrize("out, inputs", SHAPES)
 def test_a_rows_bits_do_not_depend_on_its_block_threads_or_path(kind, out, inputs):
     packed = kernels.pack(weight(kind, out, inputs, seed=1))
@@ -86,7 +86,7 @@ def test_the_vector_path_is_the_widest_the_cpu_has():
 
 
 @pytest.mark.skipif(not HAS_AVX2, reason="the CPU has no AVX2")
-@pytest.mark.parametrize("kind", ["q4", "q8"])
+@pytest.mark.parametrize("kind", ["q3", "q4", "q8"])
 def test_the_avx2_build_gives_the_same_bits(kind):
     """The AVX2 path (what a CPU without AVX-512 VNNI runs), built for x86-64-v3 here, against
     the portable path: its maddubs products must not saturate (Q8: codes signed, |x| times them)."""
@@ -150,3 +150,15 @@ def test_a_failed_build_says_why_and_leaves_no_library(tmp_path, monkeypatch):
     with pytest.raises(SpecdecError, match="compiling qgemm.cpp failed"):
         kernels.library_path()
     assert not any((tmp_path / "cache" / "kernels").glob("qgemm-*"))
+
+
+def test_q3_rounding_searches_below_min_max_rounding():
+    dense = torch.randn(64, 512)
+    error = lambda w: ((w.dequantize() - dense).norm() / dense.norm()).item()
+    groups = dense.reshape(64, -1, 32)
+    low, high = groups.amin(-1).clamp_max(0), groups.amax(-1)
+    min_max = _affine(dense, (high - low) / 7, -low, 3)
+    q3 = q3_rtn(dense)
+    assert q3.bits == 3 and int(q3.codes.max()) <= 7 and q3.codes.dtype == torch.uint8
+    assert error(q3) < 0.20 and error(q3) < 0.95 * error(min_max), (error(q3), error(min_max))
+    assert torch.equal(q3_rtn(torch.zeros(16, 64)).dequantize(), torch.zeros(16, 64))

@@ -163,20 +163,26 @@ def test_cache_after_trims_and_prefix_reuse(pair):
 
 def test_saved_source_weights_load_back_bit_for_bit(tmp_path):
     """The model cache's copy of a registry model's native weights (runtime.load) is what was
-    read: every code, scale, float tensor and form note the same."""
-    from dataclasses import fields
-
+    read: every code, scale, float tensor and form note the same (int4 and int3 forms)."""
     from specdec.models.quant_cache import cached
     from specdec.runtime.source import load_source, save_source
 
     model = tiny("qwen2")
-    made = []
-    source = read_model(model, decoder_config(model.config), "int4")
-    key = {"name": "tiny", "mode": "int4", "format": 1}
-    make = lambda: made.append(1) or source
-    cached(tmp_path / "tiny-native-int4", key, make, save_source, load_source)
-    back = cached(tmp_path / "tiny-native-int4", key, make, save_source, load_source)
-    assert made == [1] and back is not source
+    for mode in ("int4", "int3"):
+        made = []
+        source = read_model(model, decoder_config(model.config), mode)
+        key = {"name": "tiny", "mode": mode, "format": 1}
+        make = lambda: made.append(1) or source
+        cached(tmp_path / f"tiny-native-{mode}", key, make, save_source, load_source)
+        back = cached(tmp_path / f"tiny-native-{mode}", key, make, save_source, load_source)
+        assert made == [1] and back is not source
+        _same_source(back, source)
+    assert {w.bits for w in source.linears.values()} == {3, 4}  # int3: Q3 layers, a Q4 output layer
+
+
+def _same_source(back, source) -> None:
+    from dataclasses import fields
+
     assert back.forms == source.forms and back.origin == source.origin
     assert back.dense.keys() == source.dense.keys()
     assert all(torch.equal(back.dense[n], source.dense[n]) for n in source.dense)
@@ -220,7 +226,7 @@ def test_refused_configs():
     for field, extra in refused.items():
         with pytest.raises(SpecdecError, match=field):
             load_model(tiny("llama", **extra), "int4")
-    with pytest.raises(SpecdecError, match="int4 or int8"):
+    with pytest.raises(SpecdecError, match="int8, int4, int3"):
         load_model(tiny(), "none")
 
 
@@ -234,7 +240,28 @@ def test_restricted_head_scores_its_ids_only():
     assert torch.equal(small.prefill(tokens), full.prefill(tokens)[:, ids])
 
 
-@pytest.mark.parametrize("proposer", ["draft", "draft-head", "lookup", "tree"])
+def test_an_int3_draft_runs_q3_layers_on_the_weights_its_codes_stand_for():
+    """int3: every layer Q3 (3-bit codes, the kernels' Q3 path), the output layer Q4, fewer
+    bytes than int4; its logits near transformers' forward on the dequantized Q3/Q4 weights:
+    the int8 activations' rounding, amplified through the layers, is 8% of the logits' range on
+    this random model (int4 on it: 5.6%), so 12% bounds it; a misread code is of the range itself."""
+    model = tiny(layers=3)
+    lm = load_model(copy.deepcopy(model), "int3", capacity=64)
+    w = lm.decoder.weights
+    bits = {p.bits for layer in w.layers for x in (layer.qkv, layer.o, layer.gate_up, layer.down) for p in x.parts}
+    assert bits == {3} and [p.bits for p in w.head.parts] == [4]
+    assert all(f.startswith("Q3 rounded") for n, f in w.forms.items() if n != "lm_head")
+    assert w.nbytes() < 0.85 * load_model(copy.deepcopy(model), "int4", capacity=64).decoder.weights.nbytes()
+    dense = copy.deepcopy(model)
+    for name, weight in read_model(dense, decoder_config(dense.config), "int3").linears.items():
+        dense.get_submodule(name).weight.data = weight.dequantize()
+    tokens = sequence(24)
+    with torch.no_grad():
+        expected = dense(tokens[None]).logits[0]
+    assert (alone(lm, tokens) - expected).abs().max() <= 0.12 * expected.abs().max()
+
+
+@pytest.mark.parametrize("proposer", ["draft", "draft-head", "draft-int3", "lookup", "tree"])
 def test_greedy_speculative_equals_plain_decoding(proposer):
     model = tiny(layers=3)
     target = load_model(copy.deepcopy(model), "int4", capacity=256)
@@ -243,7 +270,8 @@ def test_greedy_speculative_equals_plain_decoding(proposer):
     head = torch.arange(0, VOCAB, 2) if proposer == "draft-head" else None
     drafter = PromptLookup(k=4) if proposer == "lookup" else None
     if drafter is None:
-        draft = DraftModel(load_model(perturbed(model, seed=2, scale=0.2), "int4", capacity=256, head_ids=head), k=3)
+        mode = "int3" if proposer == "draft-int3" else "int4"
+        draft = DraftModel(load_model(perturbed(model, seed=2, scale=0.2), mode, capacity=256, head_ids=head), k=3)
         drafter = TreeDraft(draft, width=2) if proposer == "tree" else draft
     result = generate(target, prompt, drafter=drafter, max_new_tokens=60, eos_token_id=[], check=True)
     assert result.new_tokens == plain
@@ -262,6 +290,11 @@ def test_the_runtime_choice_says_why_native_cannot_run_a_model():
     assert "registry models" in unfit("some/folder", "int4", "cpu")
     with pytest.raises(SpecdecError, match="--runtime native: it runs int4 or int8 weights"):
         use_native("native", "smollm2-135m-instruct", "none", "cpu")
+    assert use_native("auto", "smollm2-135m-instruct", "int3", "cpu")
+    from specdec.models.quant_cache import check_options
+
+    with pytest.raises(SpecdecError, match="int3 weights run on specdec's native runtime only"):
+        check_options("int3", 32)  # what a draft on transformers' model (--runtime hf) meets
 
 
 @pytest.mark.real

@@ -26,8 +26,16 @@ from specdec.bench.store import read_rows
 from specdec.cli import main
 from specdec.errors import SpecdecError
 from specdec.external.server_process import ServerProcess, free_port
-from specdec.external.vllm_server import (KV_CACHE_GIB, START_TIMEOUT_S, THREADS, VllmServer, cpu_settings,
-                                          environment, installed, venv)
+from specdec.external.vllm_server import (
+    KV_CACHE_GIB,
+    START_TIMEOUT_S,
+    THREADS,
+    VllmServer,
+    cpu_settings,
+    environment,
+    installed,
+    venv,
+)
 from specdec.models.load import load_tokenizer
 from specdec.models.registry import REGISTRY, converted_folder
 from specdec.tune.advice import Advice, Choice

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from ..errors import SpecdecError
 from ..methods.kinds import KINDS
 from ..methods.spec import Flags, Method, parse, resolve_auto
-from ..quant import MODES
+from ..quant import DRAFT_MODES
 from ..runtime.choose import RUNTIMES
 
 if TYPE_CHECKING:  # for annotations only: a command imports the advice (and scipy) when it needs it
@@ -39,9 +39,9 @@ def add_model_args(p: argparse.ArgumentParser, draft_help: str = "draft model of
                         "quantized target. auto: the fastest form of the model as shipped, int4 for a registry "
                         f"model (a Q4_K_M GGUF) on a CPU where specdec's kernels run, dense elsewhere "
                         f"(default: {target_quant})")
-    p.add_argument("--draft-quant", default=None, choices=MODES,
-                   help="quant= for every draft method: the draft's linear layers as 8-bit or 4-bit codes "
-                        "(CPU), a cheaper draft, still lossless")
+    p.add_argument("--draft-quant", default=None, choices=DRAFT_MODES,
+                   help="quant= for every draft method: the draft's linear layers as 8-, 4- or 3-bit codes "
+                        "(CPU; int3 on the native runtime), a cheaper draft, still lossless")
     p.add_argument("--draft-int8", action="store_true", help="the same as --draft-quant int8")
     p.add_argument("--quant-group", type=int, default=32, metavar="G",
                    help="int4 group size (inputs per scale) when a Hugging Face folder is rounded to int4 "

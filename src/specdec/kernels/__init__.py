@@ -1,4 +1,4 @@
-"""specdec's int8-activation kernels for Q4 and Q8 weights (qgemm.cpp; formats: quant.weights).
+"""specdec's int8-activation kernels for Q3, Q4 and Q8 weights (qgemm.cpp; formats: quant.weights).
 
 The C++ source is compiled once per machine with the system's C++ compiler (-march=native: the
 AVX-512 VNNI path where the CPU has it, else the AVX2 one, else the portable one) into the model
@@ -81,9 +81,9 @@ def library_path(march: str = "native", source: Path | None = None) -> Path:
 def library(march: str = "native") -> ctypes.CDLL:
     lib = ctypes.CDLL(str(library_path(march)))
     p, i, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
-    lib.sd_q4_linear.argtypes = [p, i, i64, i64, i64, p, p, p, i64, p, p, i, i]
+    lib.sd_q4_linear.argtypes = lib.sd_q3_linear.argtypes = [p, i, i64, i64, i64, p, p, p, i64, p, p, i, i]
     lib.sd_q8_linear.argtypes = [p, i, i64, i64, i64, p, p, p, i, p, p, i, i]
-    lib.sd_q4_linear.restype = lib.sd_q8_linear.restype = None
+    lib.sd_q4_linear.restype = lib.sd_q3_linear.restype = lib.sd_q8_linear.restype = None
     return lib
 
 
@@ -94,7 +94,7 @@ def vector_path(march: str = "native") -> str:
 
 @dataclass
 class Packed:
-    """A Q4 or Q8 weight in the kernels' tile layout (qgemm.cpp's header)."""
+    """A Q3, Q4 or Q8 weight in the kernels' tile layout (qgemm.cpp's header)."""
 
     bits: int
     codes: torch.Tensor
@@ -105,6 +105,10 @@ class Packed:
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.codes, self.subs, self.supers))
+
+    @property
+    def in_features(self) -> int:
+        return self.codes.shape[1] * (Q8_GROUP if self.bits == 8 else Q4_GROUP)  # codes: [tiles, groups, ...]
 
 
 def _tiles(per_row: torch.Tensor) -> torch.Tensor:
@@ -118,16 +122,31 @@ def pack(weight: Q4Weight | Q8Weight) -> Packed:
     tiles = out // 16
     if isinstance(weight, Q4Weight):
         groups = inputs // Q4_GROUP
-        # [tile, lane, group, half, j, byte] -> [tile, group, j, lane, byte, half]
-        q = weight.codes.reshape(tiles, 16, groups, 2, 4, 4).permute(0, 2, 4, 1, 5, 3)
-        codes = q[..., 0] | (q[..., 1] << 4)
+        codes = (_q4_codes if weight.bits == 4 else _q3_codes)(weight.codes.reshape(tiles, 16, groups, 32))
         subs = torch.cat([_tiles(weight.sub_scales), _tiles(weight.sub_mins)], dim=-1)
         supers = torch.cat([_tiles(weight.scales), _tiles(weight.mins)], dim=-1).float()
-        return Packed(4, codes.contiguous(), subs.contiguous(), supers.contiguous(), weight.per_super)
+        return Packed(weight.bits, codes.contiguous(), subs.contiguous(), supers.contiguous(), weight.per_super)
     groups = inputs // Q8_GROUP
     codes = weight.codes.reshape(tiles, 16, groups, 4, 4).permute(0, 2, 3, 1, 4)
     return Packed(8, codes.contiguous(), _tiles(weight.sub_scales).contiguous(),
                   _tiles(weight.scales).float().contiguous(), SUPER // Q8_GROUP, weight.zero)
+
+
+def _q4_codes(q: torch.Tensor) -> torch.Tensor:
+    """[tile, lane, group, 32] codes -> [tile, group, 4 (j), lane, 4 (byte)]: inputs 4j+b in the
+    low nibbles, 16+4j+b in the high ones."""
+    q = q.reshape(*q.shape[:3], 2, 4, 4).permute(0, 2, 4, 1, 5, 3)  # [tile, group, j, lane, byte, half]
+    return q[..., 0] | (q[..., 1] << 4)
+
+
+def _q3_codes(q: torch.Tensor) -> torch.Tensor:
+    """[tile, lane, group, 32] codes -> [tile, group, 3 (plane), lane, 4 (byte)]: planes 0 and 1
+    the low 2 bits of inputs 4s+b of each half at bits 2s, plane 2 the third bits of 4j+b at bit j."""
+    q = q.permute(0, 2, 1, 3).reshape(*q.shape[:1], q.shape[2], 16, 8, 4)  # [tile, group, lane, j, byte]
+    shifts = torch.arange(4, dtype=torch.uint8).view(1, 1, 1, 4, 1)
+    low = [((q[:, :, :, 4 * h:4 * h + 4] & 3) << (2 * shifts)).sum(3, dtype=torch.uint8) for h in (0, 1)]
+    third = (((q >> 2) & 1) << torch.arange(8, dtype=torch.uint8).view(1, 1, 1, 8, 1)).sum(3, dtype=torch.uint8)
+    return torch.stack([*low, third], dim=2)
 
 
 _NATIVE = (torch.float32, torch.bfloat16)  # activation and output dtypes the kernels read and write
@@ -148,8 +167,8 @@ def linear(x: torch.Tensor, weight: Packed, bias: torch.Tensor | None, out_dtype
     head = (x.data_ptr(), x.dtype == torch.bfloat16, rows, inputs, out_features, weight.codes.data_ptr(),
             weight.subs.data_ptr(), weight.supers.data_ptr())
     tail = (None if bias is None else bias.data_ptr(), y.data_ptr(), y.dtype == torch.bfloat16, portable)
-    if weight.bits == 4:
-        lib.sd_q4_linear(*head, weight.per_super, *tail)
+    if weight.bits in (3, 4):
+        (lib.sd_q4_linear if weight.bits == 4 else lib.sd_q3_linear)(*head, weight.per_super, *tail)
     else:
         lib.sd_q8_linear(*head, weight.zero, *tail)
     return y if y.dtype == out_dtype else y.to(out_dtype)

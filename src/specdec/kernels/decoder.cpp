@@ -71,6 +71,9 @@ void apply(const SdWeight& w, const float* x, int64_t rows, float* out) {
     if (w.bits == 4)
         linear(Q4{w.codes, static_cast<const uint8_t*>(w.subs), w.supers, w.per_super}, x, 0, rows, w.K, w.N, 0,
                w.bias, out, 0, 0);
+    else if (w.bits == 3)
+        linear(Q3{w.codes, static_cast<const uint8_t*>(w.subs), w.supers, w.per_super}, x, 0, rows, w.K, w.N, 0,
+               w.bias, out, 0, 0);
     else
         linear(Q8{w.codes, static_cast<const int8_t*>(w.subs), w.supers, w.zero}, x, 0, rows, w.K, w.N, w.zero,
                w.bias, out, 0, 0);

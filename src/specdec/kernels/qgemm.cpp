@@ -1,4 +1,4 @@
-// specdec's quantized matrix products: y = x W^T (+ b) for 4-bit and 8-bit weights in groups
+// specdec's quantized matrix products: y = x W^T (+ b) for 3-, 4- and 8-bit weights in groups
 // with integer sub-scales under float super-scales (GGUF's Q4_K and Q6_K, repacked), and int8
 // activations quantized per row in blocks of 32 inputs.
 //
@@ -16,6 +16,10 @@
 //       supers [T][ceil(G/gps)][32] f32: 16 scales, then 16 mins (a super-block is gps groups:
 //              8 for Q4_K, 1 for one float scale and min per group as Q4_1 has).
 //       w = scale*sub_scale*q - min*sub_min.
+//   Q3: as Q4 but codes [T][K/32][192] bytes, three 64-byte planes laid out [16][4] (lane, byte):
+//              planes 0 and 1 hold the low 2 bits of inputs 0..15 and 16..31 (bits 2s, 2s+1 of
+//              byte b: input 4s+b of the half), plane 2 their third bits (bit j of byte b: input
+//              4j+b), so load j (inputs 4j..4j+3) is two shifts and masks away.
 //   Q8: codes  [T][K/16][4][16][4] bytes: load j of group g holds inputs 4j..4j+3 of the group;
 //       subs   [T][K/16][16] i8 sub-scales; supers [T][ceil(K/256)][16] f32 (16 groups of 16).
 //       w = scale*sub_scale*(q - zero).
@@ -165,11 +169,27 @@ inline void store_out(const float* acc, const float* bias, int64_t n0, void* out
     }
 }
 
-struct Q4 {
+// Q4 (Bits = 4) and Q3 (Bits = 3): one format but for how a group's codes are stored.
+template <int Bits>
+struct QLow {
+    static constexpr int kCodeBytes = 64 * Bits;  // a tile's codes per group of 32 inputs
     const uint8_t *codes, *subs;
     const float* supers;
     int64_t gps;  // groups per super-block
 };
+using Q4 = QLow<4>;
+using Q3 = QLow<3>;
+
+// Input i's code for lane l of a group's codes (the portable path's reading of the layouts).
+inline int32_t code_at(const Q4&, const uint8_t* codes, int l, int i) {
+    const uint8_t byte = codes[(i % 16 / 4) * 64 + l * 4 + i % 4];
+    return i < 16 ? byte & 15 : byte >> 4;
+}
+
+inline int32_t code_at(const Q3&, const uint8_t* codes, int l, int i) {
+    const int j = i / 4, b = l * 4 + i % 4;
+    return ((codes[(j / 4) * 64 + b] >> (2 * (j % 4))) & 3) | (((codes[128 + b] >> j) & 1) << 2);
+}
 struct Q8 {
     const uint8_t* codes;
     const int8_t* subs;
@@ -178,12 +198,13 @@ struct Q8 {
 };
 
 // The portable path: one output lane at a time, the same operations as the vector path.
-void portable_tile(const Q4& w, const Acts& a, int64_t K, int64_t t, int64_t r0, int rows, float (*acc)[16]) {
+template <int Bits>
+void portable_tile(const QLow<Bits>& w, const Acts& a, int64_t K, int64_t t, int64_t r0, int rows, float (*acc)[16]) {
     const int64_t G = K / 32, SB = (G + w.gps - 1) / w.gps;
     for (int r = 0; r < rows; ++r)
         for (int l = 0; l < 16; ++l) acc[r][l] = 0.f;
     for (int64_t g = 0; g < G; ++g) {
-        const uint8_t* codes = w.codes + (t * G + g) * 256;
+        const uint8_t* codes = w.codes + (t * G + g) * w.kCodeBytes;
         const uint8_t* subs = w.subs + (t * G + g) * 32;
         const float* sup = w.supers + (t * SB + g / w.gps) * 32;
         for (int l = 0; l < 16; ++l) {
@@ -191,11 +212,7 @@ void portable_tile(const Q4& w, const Acts& a, int64_t K, int64_t t, int64_t r0,
             for (int r = 0; r < rows; ++r) {
                 const int8_t* xq = &a.q[(r0 + r) * K + g * 32];
                 int32_t isum = 0;
-                for (int j = 0; j < 4; ++j)
-                    for (int b = 0; b < 4; ++b) {
-                        const uint8_t byte = codes[j * 64 + l * 4 + b];
-                        isum += int32_t(byte & 15) * xq[4 * j + b] + int32_t(byte >> 4) * xq[16 + 4 * j + b];
-                    }
+                for (int i = 0; i < 32; ++i) isum += code_at(w, codes, l, i) * xq[i];
                 const int64_t blk = (r0 + r) * (K / 32) + g;
                 acc[r][l] = std::fma(float(isum), s * a.scale[blk], acc[r][l]);
                 acc[r][l] = std::fma(a.neg_sum[blk], m, acc[r][l]);
@@ -227,15 +244,39 @@ void portable_tile(const Q8& w, const Acts& a, int64_t K, int64_t t, int64_t r0,
 }
 
 #if SD_VNNI
-inline void prefetch(const void* codes, const void* subs) {
-    for (int i = 0; i < 256; i += 64) _mm_prefetch(static_cast<const char*>(codes) + i, _MM_HINT_T0);
+inline void prefetch(const void* codes, int bytes, const void* subs) {
+    for (int i = 0; i < bytes; i += 64) _mm_prefetch(static_cast<const char*>(codes) + i, _MM_HINT_T0);
     _mm_prefetch(static_cast<const char*>(subs), _MM_HINT_T0);
 }
 
-template <int R>
-void vnni_rows(const Q4& w, const Acts& a, int64_t K, int64_t t, int64_t r0, float (*out)[16]) {
-    const int64_t G = K / 32, SB = (G + w.gps - 1) / w.gps, blocks = K / 32;
+// A group's codes as 8 vectors: c[j] holds, per lane, the codes of inputs 4j..4j+3.
+inline void unpack(const Q4&, const uint8_t* codes, __m512i* c) {
     const __m512i low = _mm512_set1_epi8(0x0F);
+    for (int j = 0; j < 4; ++j) {
+        const __m512i v = _mm512_loadu_si512(codes + j * 64);
+        c[j] = _mm512_and_si512(v, low);
+        c[4 + j] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+    }
+}
+
+// The 16-bit shifts move bits across a word's bytes only where the masks then clear them.
+template <int J>
+inline __m512i q3_load(const __m512i* planes) {
+    const __m512i low2 = _mm512_and_si512(_mm512_srli_epi16(planes[J / 4], 2 * (J % 4)), _mm512_set1_epi8(3));
+    const __m512i third = J <= 2 ? _mm512_slli_epi16(planes[2], 2 - J) : _mm512_srli_epi16(planes[2], J - 2);
+    return _mm512_or_si512(low2, _mm512_and_si512(third, _mm512_set1_epi8(4)));
+}
+
+inline void unpack(const Q3&, const uint8_t* codes, __m512i* c) {
+    const __m512i planes[3] = {_mm512_loadu_si512(codes), _mm512_loadu_si512(codes + 64),
+                               _mm512_loadu_si512(codes + 128)};
+    c[0] = q3_load<0>(planes), c[1] = q3_load<1>(planes), c[2] = q3_load<2>(planes), c[3] = q3_load<3>(planes);
+    c[4] = q3_load<4>(planes), c[5] = q3_load<5>(planes), c[6] = q3_load<6>(planes), c[7] = q3_load<7>(planes);
+}
+
+template <int R, int Bits>
+void vnni_rows(const QLow<Bits>& w, const Acts& a, int64_t K, int64_t t, int64_t r0, float (*out)[16]) {
+    const int64_t G = K / 32, SB = (G + w.gps - 1) / w.gps, blocks = K / 32;
     __m512 acc[R];
     for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
     __m512 d = _mm512_setzero_ps(), dm = _mm512_setzero_ps();
@@ -251,20 +292,16 @@ void vnni_rows(const Q4& w, const Acts& a, int64_t K, int64_t t, int64_t r0, flo
         const __m512 s = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)subs))), d);
         const __m512 m =
             _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(subs + 16)))), dm);
-        const uint8_t* codes = w.codes + (t * G + g) * 256;
-        prefetch(codes + kAhead * 256, subs + kAhead * 32);
-        __m512i lo[4], hi[4];
-        for (int j = 0; j < 4; ++j) {
-            const __m512i v = _mm512_loadu_si512(codes + j * 64);
-            lo[j] = _mm512_and_si512(v, low);
-            hi[j] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
-        }
+        const uint8_t* codes = w.codes + (t * G + g) * w.kCodeBytes;
+        prefetch(codes + kAhead * w.kCodeBytes, w.kCodeBytes, subs + kAhead * 32);
+        __m512i c[8];
+        unpack(w, codes, c);
         for (int r = 0; r < R; ++r) {
             const int32_t* xq = reinterpret_cast<const int32_t*>(&a.q[(r0 + r) * K + g * 32]);
             __m512i i0 = _mm512_setzero_si512(), i1 = _mm512_setzero_si512();
             for (int j = 0; j < 4; ++j) {
-                i0 = _mm512_dpbusd_epi32(i0, lo[j], _mm512_set1_epi32(xq[j]));
-                i1 = _mm512_dpbusd_epi32(i1, hi[j], _mm512_set1_epi32(xq[4 + j]));
+                i0 = _mm512_dpbusd_epi32(i0, c[j], _mm512_set1_epi32(xq[j]));
+                i1 = _mm512_dpbusd_epi32(i1, c[4 + j], _mm512_set1_epi32(xq[4 + j]));
             }
             const int64_t blk = (r0 + r) * blocks + g;
             const __m512 isum = _mm512_cvtepi32_ps(_mm512_add_epi32(i0, i1));
@@ -286,7 +323,7 @@ void vnni_rows(const Q8& w, const Acts& a, int64_t K, int64_t t, int64_t r0, flo
         const int8_t* subs = w.subs + (t * G + g) * 16;
         const __m512 s = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)subs))), d);
         const uint8_t* codes = w.codes + (t * G + g) * 256;
-        prefetch(codes + kAhead * 256, subs + kAhead * 16);
+        prefetch(codes + kAhead * 256, 256, subs + kAhead * 16);
         __m512i c[4];
         for (int j = 0; j < 4; ++j) c[j] = _mm512_loadu_si512(codes + j * 64);
         for (int r = 0; r < R; ++r) {
@@ -329,10 +366,33 @@ inline __m256i dot4(__m256i u8, __m256i s8) {
     return _mm256_madd_epi16(_mm256_maddubs_epi16(u8, s8), _mm256_set1_epi16(1));
 }
 
-template <int R>
-void avx2_rows(const Q4& w, const Acts& a, int64_t K, int64_t t, int64_t r0, float (*out)[16]) {
-    const int64_t G = K / 32, SB = (G + w.gps - 1) / w.gps, blocks = K / 32;
+// Half h of a group's codes (lanes 8h..8h+7; `codes` already offset by 32h) as 8 vectors:
+// c[j] holds, per lane, the codes of inputs 4j..4j+3 (as the VNNI path's unpack).
+inline void unpack_half(const Q4&, const uint8_t* codes, __m256i* c) {
     const __m256i low = _mm256_set1_epi8(0x0F);
+    for (int j = 0; j < 4; ++j) {
+        const __m256i v = _mm256_loadu_si256((const __m256i*)(codes + j * 64));
+        c[j] = _mm256_and_si256(v, low);
+        c[4 + j] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+    }
+}
+
+inline void unpack_half(const Q3&, const uint8_t* codes, __m256i* c) {
+    const __m256i p[3] = {_mm256_loadu_si256((const __m256i*)codes), _mm256_loadu_si256((const __m256i*)(codes + 64)),
+                          _mm256_loadu_si256((const __m256i*)(codes + 128))};
+    const __m256i three = _mm256_set1_epi8(3), four = _mm256_set1_epi8(4);
+    for (int j = 0; j < 8; ++j) {
+        const __m128i by = _mm_cvtsi32_si128(2 * (j % 4));
+        const __m256i low2 = _mm256_and_si256(_mm256_srl_epi16(p[j / 4], by), three);
+        const __m256i third = j <= 2 ? _mm256_sll_epi16(p[2], _mm_cvtsi32_si128(2 - j))
+                                     : _mm256_srl_epi16(p[2], _mm_cvtsi32_si128(j - 2));
+        c[j] = _mm256_or_si256(low2, _mm256_and_si256(third, four));
+    }
+}
+
+template <int R, int Bits>
+void avx2_rows(const QLow<Bits>& w, const Acts& a, int64_t K, int64_t t, int64_t r0, float (*out)[16]) {
+    const int64_t G = K / 32, SB = (G + w.gps - 1) / w.gps, blocks = K / 32;
     for (int h = 0; h < 2; ++h) {  // lanes 8h .. 8h+7
         __m256 acc[R];
         for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
@@ -348,20 +408,12 @@ void avx2_rows(const Q4& w, const Acts& a, int64_t K, int64_t t, int64_t r0, flo
             const uint8_t* subs = w.subs + (t * G + g) * 32;
             const __m256 s = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(subs + 8 * h)))), d);
             const __m256 m = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(subs + 16 + 8 * h)))), dm);
-            const uint8_t* codes = w.codes + (t * G + g) * 256 + 32 * h;
-            __m256i lo[4], hi[4];
-            for (int j = 0; j < 4; ++j) {
-                const __m256i v = _mm256_loadu_si256((const __m256i*)(codes + j * 64));
-                lo[j] = _mm256_and_si256(v, low);
-                hi[j] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
-            }
+            __m256i c[8];
+            unpack_half(w, w.codes + (t * G + g) * w.kCodeBytes + 32 * h, c);
             for (int r = 0; r < R; ++r) {
                 const int32_t* xq = reinterpret_cast<const int32_t*>(&a.q[(r0 + r) * K + g * 32]);
                 __m256i isum = _mm256_setzero_si256();
-                for (int j = 0; j < 4; ++j) {
-                    isum = _mm256_add_epi32(isum, dot4(lo[j], _mm256_set1_epi32(xq[j])));
-                    isum = _mm256_add_epi32(isum, dot4(hi[j], _mm256_set1_epi32(xq[4 + j])));
-                }
+                for (int j = 0; j < 8; ++j) isum = _mm256_add_epi32(isum, dot4(c[j], _mm256_set1_epi32(xq[j])));
                 const int64_t blk = (r0 + r) * blocks + g;
                 acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(s, _mm256_set1_ps(a.scale[blk])), acc[r]);
                 acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(a.neg_sum[blk]), m, acc[r]);
@@ -458,6 +510,13 @@ void sd_q4_linear(const void* x, int x_bf16, int64_t rows, int64_t K, int64_t N,
                   const uint8_t* subs, const float* supers, int64_t gps, const float* bias, void* out, int out_bf16,
                   int portable) {
     linear(Q4{codes, subs, supers, gps}, x, x_bf16, rows, K, N, 0, bias, out, out_bf16, portable);
+}
+
+// As sd_q4_linear for Q3 codes.
+void sd_q3_linear(const void* x, int x_bf16, int64_t rows, int64_t K, int64_t N, const uint8_t* codes,
+                  const uint8_t* subs, const float* supers, int64_t gps, const float* bias, void* out, int out_bf16,
+                  int portable) {
+    linear(Q3{codes, subs, supers, gps}, x, x_bf16, rows, K, N, 0, bias, out, out_bf16, portable);
 }
 
 void sd_q8_linear(const void* x, int x_bf16, int64_t rows, int64_t K, int64_t N, const uint8_t* codes,

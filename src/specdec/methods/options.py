@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ..quant import MODES
+from ..quant import DRAFT_MODES
 
 
 def _whole(text: str) -> int:
@@ -35,8 +35,8 @@ def _switch(text: str) -> bool:
 
 
 def _quant(text: str) -> str | None:
-    if text not in MODES:
-        raise ValueError(f"takes {', '.join(MODES)}")
+    if text not in DRAFT_MODES:
+        raise ValueError(f"takes {', '.join(DRAFT_MODES)}")
     return None if text == "none" else text
 
 
@@ -55,7 +55,7 @@ def _width(text: str) -> int | None:
 OPTIONS: dict[str, tuple[Callable[[str], Any], str]] = {
     "k": (_whole, "tokens guessed per round (the most, with conf or pay)"),
     "ngram": (_whole, "longest n-gram prompt lookup matches"),
-    "quant": (_quant, "the draft's linear layers as 8-bit or 4-bit codes (specdec.models.draft_quant)"),
+    "quant": (_quant, "the draft's linear layers as 8-, 4- or 3-bit codes (specdec.models.draft_quant; int3: native runtime)"),
     "vocab": (_whole, "the draft scores only the N most frequent token ids (specdec.models.draft_head)"),
     "conf": (_probability, "adaptive k: a round stops after a draft probability below P"),
     "pay": (_switch, "adaptive k by the cost model, from --pay-rule FILE (specdec.proposers.policy)"),

@@ -31,7 +31,7 @@ from transformers import PreTrainedModel
 from ..errors import SpecdecError
 from ..files import cache_root, exclusive, remove, remove_stale_temps, scratch
 from ..forward import PREPARED_FIX, is_prepared
-from ..quant import MODES
+from ..quant import MODES, NATIVE_ONLY
 from ..quant.weights import INT4_GROUPS, fits, q8_rtn
 from .quantized import FORMAT, Quantized, install, load, quantize_weights, save
 from .registry import COMPLETE_MARKER, REGISTRY, ModelSpec, converted_folder, gguf_file
@@ -44,6 +44,9 @@ GGUF_GROUP = 32  # Q4_K blocks are groups of 32
 def check_options(mode: str, group: int, device: str = "cpu", source: str | None = None) -> None:
     """One-line errors for quantization options no kernel (or source: a registry name's GGUF)
     can honour, before anything slow runs."""
+    if mode in NATIVE_ONLY:
+        raise SpecdecError(f"{mode} weights run on specdec's native runtime only: a registry draft on the CPU "
+                           "with --runtime auto or native")
     if mode not in MODES:
         raise SpecdecError(f"unknown quantization {mode!r}; use one of: {', '.join(MODES)}")
     if group not in INT4_GROUPS:

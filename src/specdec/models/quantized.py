@@ -116,7 +116,7 @@ def to_tensors(weights: Quantized) -> dict[str, torch.Tensor]:
             tensors |= {f"{name}.q4_codes": w.codes[:, 0::2] | (w.codes[:, 1::2] << 4),
                         f"{name}.q4_sub_scales": w.sub_scales, f"{name}.q4_sub_mins": w.sub_mins,
                         f"{name}.q4_scales": w.scales, f"{name}.q4_mins": w.mins,
-                        f"{name}.q4_per_super": torch.tensor(w.per_super)}
+                        f"{name}.q4_per_super": torch.tensor(w.per_super), f"{name}.q4_bits": torch.tensor(w.bits)}
         else:
             tensors |= {f"{name}.q8_codes": w.codes, f"{name}.q8_sub_scales": w.sub_scales,
                         f"{name}.q8_scales": w.scales, f"{name}.q8_zero": torch.tensor(w.zero)}
@@ -132,8 +132,9 @@ def from_tensors(tensors: dict[str, torch.Tensor]) -> Quantized:
         if field == "q4_codes":
             packed = tensors[key]
             codes = torch.stack([packed & 0x0F, packed >> 4], dim=-1).reshape(packed.shape[0], -1)
+            bits = int(tensors.get(f"{name}.q4_bits", torch.tensor(4)))  # files of before Q3 lack it
             out[name] = Q4Weight(codes, get("q4_sub_scales"), get("q4_sub_mins"), get("q4_scales"), get("q4_mins"),
-                                 int(get("q4_per_super")))
+                                 int(get("q4_per_super")), bits)
         elif field == "q8_codes":
             out[name] = Q8Weight(tensors[key], get("q8_sub_scales"), get("q8_scales"), int(get("q8_zero")))
     return out

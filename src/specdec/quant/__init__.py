@@ -2,3 +2,7 @@
 a GGUF (gguf_source.py), per model (model.py), cached (cache.py)."""
 
 MODES = ("none", "int8", "int4")  # --target-quant, --draft-quant and quant= in method specs
+# int3: 3-bit codes (quant.weights.q3_rtn), a form for drafts on the native runtime only: a
+# draft need not be exact, and a step of it reads a fifth fewer bytes than int4's.
+DRAFT_MODES = (*MODES, "int3")  # --draft-quant and quant=
+NATIVE_ONLY = ("int3",)

@@ -9,6 +9,9 @@ generate need)."""
 from __future__ import annotations
 
 from ..errors import SpecdecError
+from ..quant import MODES, NATIVE_ONLY
+
+NATIVE_MODES = (*MODES[1:], *NATIVE_ONLY)  # the weight forms the native runtime runs
 
 RUNTIMES = ("auto", "native", "hf")
 
@@ -29,8 +32,8 @@ def unfit(name: str, quant: str, device: str) -> str | None:
     """Why the native runtime cannot run this model as asked, None if it can."""
     from ..models.registry import REGISTRY
 
-    if quant not in ("int4", "int8"):
-        return "it runs int4 or int8 weights (--target-quant / --draft-quant int4 or int8)"
+    if quant not in NATIVE_MODES:
+        return "it runs int4 or int8 weights (--target-quant / --draft-quant int4 or int8; drafts also int3)"
     if not str(device).startswith("cpu"):
         return "it runs on the CPU"
     if name not in REGISTRY:

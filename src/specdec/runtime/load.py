@@ -13,7 +13,7 @@ from transformers import AutoConfig, GenerationConfig, PreTrainedModel
 
 from ..errors import SpecdecError
 from ..models.load import token_ids
-from ..quant import MODES
+from .choose import NATIVE_MODES
 from .config import decoder_config, rotary_tables
 from .lm import NativeLM
 from .native import Decoder
@@ -25,8 +25,8 @@ CAPACITY = 4096  # cache slots to start with (28 layers x 256 floats x 2 x 4 B =
 
 
 def _check_mode(mode: str) -> None:
-    if mode not in MODES[1:]:
-        raise SpecdecError(f"the native runtime runs int4 or int8 weights, not {mode!r}")
+    if mode not in NATIVE_MODES:
+        raise SpecdecError(f"the native runtime runs {', '.join(NATIVE_MODES)} weights, not {mode!r}")
 
 
 def _eos(generation_config: GenerationConfig | None) -> tuple[int, ...]:
@@ -44,7 +44,8 @@ def _assemble(config, source: SourceWeights, mode: str, capacity: int, head_ids:
 def load_registry(name: str, mode: str = "int4", capacity: int = CAPACITY,
                   head_ids: torch.Tensor | None = None) -> NativeLM:
     """A registry model from its GGUF in `mode` ("int4": Q4_K/Q4_1 exact, Q6_K exact as Q8,
-    other types rounded; "int8": Q6_K exact, the rest rounded to Q8). `head_ids`: score only
+    other types rounded; "int8": Q6_K exact, the rest rounded to Q8; "int3", a draft's form:
+    every layer rounded to Q3, the output layer to Q4). `head_ids`: score only
     these token ids (a restricted draft head, sorted; specdec.models.draft_head.frequent_tokens)."""
     from ..models.registry import REGISTRY, converted_folder
 
@@ -80,7 +81,7 @@ def _registry_source(name: str, cfg, mode: str) -> SourceWeights:
 def load_model(model: PreTrainedModel, mode: str = "int4", capacity: int = CAPACITY,
                head_ids: torch.Tensor | None = None) -> NativeLM:
     """A dense transformers model on the native runtime, every linear layer rounded (int4: Q4
-    in groups of 32; the output layer Q8)."""
+    in groups of 32, int3: Q3; the output layer Q8, int3's Q4)."""
     _check_mode(mode)
     cfg = decoder_config(model.config)
     return _assemble(model.config, read_model(model, cfg, mode), mode, capacity, head_ids,

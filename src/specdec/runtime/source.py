@@ -5,6 +5,8 @@ From a GGUF file (read_gguf): Q4_K and Q4_1 tensors stay exact Q4 in int4 mode, 
 in either mode (quant.gguf_source); other types are rounded, to Q4 in int4 mode and Q8 in int8
 mode, as quant.model does for today's runtime. The output layer, where rounded, is Q8 (its
 logits decide the tokens). A tied output layer is the embedding tensor in these same forms.
+int3 mode, a draft's form, rounds every layer from what its tensor stands for: to Q3, the output
+layer to Q4 (the draft's guesses are its argmax).
 From a dense model (read_model: tests, Hugging Face folders) every layer is rounded.
 save_source/load_source keep a registry model's weights in the model cache (runtime.load): the
 GGUF reader parses every metadata field in Python (the tokenizer's 151,936 strings), which
@@ -28,7 +30,7 @@ from transformers import PreTrainedModel
 from ..errors import SpecdecError
 from ..models.quantized import Quantized, from_tensors, quantize_weights, to_tensors
 from ..quant.gguf_source import EXACT, linear_weights, rows_unpermuted
-from ..quant.weights import Q4Weight, Q8Weight, q4_rtn, q8_rtn
+from ..quant.weights import Q4Weight, Q8Weight, q3_rtn, q4_rtn, q8_rtn
 from .config import DecoderConfig
 
 HEAD = "lm_head"
@@ -62,6 +64,9 @@ def _dense_name(gguf_name: str) -> str | None:
 def _in_mode(decoded: Q4Weight | Q8Weight | torch.Tensor, kind: str, mode: str, head: bool
              ) -> tuple[Q4Weight | Q8Weight, str]:
     """A decoded GGUF tensor in the form `mode` asks, and a note of what was done."""
+    if mode == "int3":
+        dense = decoded if isinstance(decoded, torch.Tensor) else decoded.dequantize()
+        return (q4_rtn(dense, 32), f"Q4 rounded from {kind}") if head else (q3_rtn(dense), f"Q3 rounded from {kind}")
     if isinstance(decoded, Q8Weight):
         return decoded, f"Q8 = {kind} (exact)"
     if isinstance(decoded, Q4Weight):
@@ -101,16 +106,24 @@ def read_gguf(path: Path, cfg: DecoderConfig, mode: str) -> SourceWeights:
 
 def read_model(model: PreTrainedModel, cfg: DecoderConfig, mode: str) -> SourceWeights:
     """A dense Hugging Face model's weights, every linear layer rounded (int4: Q4 in groups of
-    32, the output layer Q8; int8: Q8)."""
-    linears = quantize_weights(model, mode, None, 32)
+    32, the output layer Q8; int8: Q8; int3: Q3, the output layer Q4)."""
     head = model.get_output_embeddings().weight.detach()
-    linears[HEAD] = q8_rtn(head)
-    forms = {name: f"{'Q4' if isinstance(w, Q4Weight) else 'Q8'} rounded from {model.dtype}"
-             for name, w in linears.items()}
+    if mode == "int3":
+        linears = {name: q3_rtn(m.weight.detach()) for name, m in model.named_modules()
+                   if type(m) is torch.nn.Linear and m is not model.get_output_embeddings()}
+        linears[HEAD] = q4_rtn(head, 32)
+    else:
+        linears = quantize_weights(model, mode, None, 32)
+        linears[HEAD] = q8_rtn(head)
+    forms = {name: f"{_form(w)} rounded from {model.dtype}" for name, w in linears.items()}
     dense = {name: p.detach().float() for name, p in model.named_parameters()
              if p.dim() == 1 or name == EMBEDDING}
     _check_complete(cfg, linears, dense, type(model).__name__)
     return SourceWeights(linears, dense, forms, type(model).__name__)
+
+
+def _form(weight: Q4Weight | Q8Weight) -> str:
+    return f"Q{weight.bits}" if isinstance(weight, Q4Weight) else "Q8"
 
 
 DENSE_PREFIX = "dense:"  # the float tensors' names in a saved file, apart from the linear weights'
