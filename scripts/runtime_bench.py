@@ -1,6 +1,6 @@
 """Measure the native runtime (docs/runtime.md): read bandwidth, the int4 1.5B target's plain
 decode step against today's path (transformers + QuantLinear through CausalLM), the 0.5B int4
-draft's step with the full and a 32768-id head, a step's profile, and optionally paired tok/s
+draft's step with the full and a 32768-id head (int4, and int3 with the 32768-id head), a step's profile, and optionally paired tok/s
 of plain decoding against draft:k=3 on HumanEval prompts. Run under the CPU lock:
 
     flock /tmp/cpu.lock env PYTHONPATH=src .venv/bin/python scripts/runtime_bench.py [--parts ...]
@@ -136,10 +136,14 @@ def main() -> None:
         keep = frequent_tokens(bundled_text_tokens(tokenizer), 32768, draft.vocab_size, tokenizer.all_special_ids)
         small = load_registry(DRAFT, "int4", head_ids=keep)
         if "draft" in args.parts:
-            ms = paired_steps({"target": target, "draft_full": draft, "draft_32768": small}, prompt)
-            report["draft"] = {"step_ms": ms, "fraction_full": ms["draft_full"] / ms["target"],
-                               "fraction_32768": ms["draft_32768"] / ms["target"]}
+            drafts = {"draft_full": draft, "draft_32768": small,
+                      "draft_int3_32768": load_registry(DRAFT, "int3", head_ids=keep)}
+            ms = paired_steps({"target": target, **drafts}, prompt)
+            report["draft"] = {"step_ms": ms, **{f"fraction{n.removeprefix('draft')}": ms[n] / ms["target"]
+                                                 for n in drafts},
+                               "weight_bytes": {n: d.weight_bytes() for n, d in drafts.items()}}
             report["profile_draft_32768"] = profile(small, prompt)
+            report["profile_draft_int3_32768"] = profile(drafts["draft_int3_32768"], prompt)
         if "toks" in args.parts:
             report["toks"] = tok_per_s(target, small, humaneval(tokenizer, args.prompts), args.new)
     Path(args.out).write_text(json.dumps(report, indent=1))

@@ -157,8 +157,8 @@ def test_q3_rounding_searches_below_min_max_rounding():
     error = lambda w: ((w.dequantize() - dense).norm() / dense.norm()).item()
     groups = dense.reshape(64, -1, 32)
     low, high = groups.amin(-1).clamp_max(0), groups.amax(-1)
-    min_max = _affine(dense, (high - low) / 7, -low, 3)
+    min_max = _affine(dense, (high - low) / 7, -low, 3, 8)
     q3 = q3_rtn(dense)
-    assert q3.bits == 3 and int(q3.codes.max()) <= 7 and q3.codes.dtype == torch.uint8
+    assert q3.bits == 3 and int(q3.codes.max()) <= 7 and q3.codes.dtype == torch.uint8 and q3.scales.shape == (64, 1)
     assert error(q3) < 0.20 and error(q3) < 0.95 * error(min_max), (error(q3), error(min_max))
     assert torch.equal(q3_rtn(torch.zeros(16, 64)).dequantize(), torch.zeros(16, 64))

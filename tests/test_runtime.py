@@ -58,8 +58,9 @@ def alone(lm, tokens: torch.Tensor) -> torch.Tensor:
 def test_logits_match_transformers_on_the_same_quantized_weights(mode):
     """transformers' forward with the same Q4/Q8 layers installed (quant.model.install, the
     same kernels): the linear layers then compute the same bits from the same inputs, so the
-    two differ only by float order in norms, rotary, attention and SiLU (~1e-6 relative), which
-    can move an int8 activation by one step; 1e-4 of the logits' range bounds both."""
+    two differ only by float order in norms, rotary, attention and SiLU (~1e-7 of the logits'
+    range, measured), except where that moves an int8 activation across a rounding boundary by
+    one step: at most one row of the 24 per model, within 2% of the range (measured 0.8%)."""
     for kind in ("qwen2", "llama"):
         model = tiny(kind)
         lm = load_model(copy.deepcopy(model), mode, capacity=64)
@@ -69,7 +70,8 @@ def test_logits_match_transformers_on_the_same_quantized_weights(mode):
         with torch.no_grad():
             expected = reference(tokens[None]).logits[0].float()
         got = alone(lm, tokens)
-        assert (got - expected).abs().max() <= 1e-4 * expected.abs().max()
+        off = (got - expected).abs().amax(-1) / expected.abs().max()
+        assert int((off > 1e-5).sum()) <= 1 and off.max() <= 0.02, off
         assert torch.equal(got.argmax(-1), expected.argmax(-1))
 
 
@@ -193,6 +195,19 @@ def _same_source(back, source) -> None:
         for f in fields(w):
             a, b = getattr(w, f.name), getattr(saved, f.name)
             assert torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b, (name, f.name)
+
+
+def test_the_non_finite_flag_names_the_first_bad_row():
+    """nonfinite_at: -1 while every logit is finite, else the position of the first row with a
+    NaN or inf (a NaN in one token's embedding row: its row and those after it see it)."""
+    model = tiny(layers=2)
+    lm = load_model(copy.deepcopy(model), "int4", capacity=64)
+    tokens = torch.arange(10, 30)
+    lm.forward(tokens[:12])
+    assert int(lm.nonfinite_at) == -1
+    lm.decoder.weights.embedding[tokens[15]] = float("nan")  # the C structs read this tensor
+    lm.forward(tokens[12:20])
+    assert int(lm.nonfinite_at) == 15
 
 
 def test_the_cache_grows_keeping_every_bit_and_stops_at_the_models_positions(pair):

@@ -95,18 +95,45 @@ void apply_parts(const SdParts& p, const float* x, int64_t rows, float* out) {
     }
 }
 
-// kLanes partial sums added in one fixed order.
-inline float reduce(float* acc) {
-    for (int w = kLanes / 2; w >= 1; w /= 2)
-        for (int l = 0; l < w; ++l) acc[l] = acc[l] + acc[l + w];
-    return acc[0];
+// 16 floats as one value: lane-wise + and * are the scalar float operations of each lane, so
+// code on it computes dot()'s partial sums (and its bits) with the accumulators in registers.
+typedef float Lanes __attribute__((vector_size(kLanes * sizeof(float))));
+
+inline Lanes load(const float* p) {
+    Lanes v;
+    std::memcpy(&v, p, sizeof v);
+    return v;
+}
+
+inline void store(float* p, Lanes v) { std::memcpy(p, &v, sizeof v); }
+
+typedef float Half __attribute__((vector_size(kLanes / 2 * sizeof(float))));
+typedef float Quarter __attribute__((vector_size(kLanes / 4 * sizeof(float))));
+typedef float Eighth __attribute__((vector_size(kLanes / 8 * sizeof(float))));
+
+// The lower and upper halves of a vector as vectors.
+template <typename Part, typename Whole>
+inline void halves(Whole v, Part& lo, Part& hi) {
+    std::memcpy(&lo, &v, sizeof lo);
+    std::memcpy(&hi, reinterpret_cast<const char*>(&v) + sizeof lo, sizeof hi);
+}
+
+// The kLanes partial sums added in one fixed order: halves added lane-wise, in registers.
+inline float reduce(Lanes v) {
+    Half a, b;
+    halves(v, a, b);
+    Quarter c, d;
+    halves(a + b, c, d);
+    Eighth e, f;
+    halves(c + d, e, f);
+    const Eighth g = e + f;
+    return g[0] + g[1];
 }
 
 // A dot product over n (a multiple of kLanes) in kLanes fixed partial sums.
 inline float dot(const float* a, const float* b, int64_t n) {
-    float acc[kLanes] = {};
-    for (int64_t d = 0; d < n; d += kLanes)
-        for (int l = 0; l < kLanes; ++l) acc[l] = acc[l] + a[d + l] * b[d + l];
+    Lanes acc = {};
+    for (int64_t d = 0; d < n; d += kLanes) acc = acc + load(a + d) * load(b + d);
     return reduce(acc);
 }
 
@@ -164,18 +191,6 @@ constexpr int64_t kKeyBlock = 64;  // keys whose values stay in L1 while a head 
 constexpr int64_t kKeysAhead = 4;  // keys between the one scored and the one prefetched (measured: 4 cuts a decode
                                    // row's attention by a quarter at 2K keys)
 
-// 16 floats as one value: lane-wise + and * are the scalar float operations of each lane, so
-// code on it computes dot()'s partial sums (and its bits) with the accumulators in registers.
-typedef float Lanes __attribute__((vector_size(kLanes * sizeof(float))));
-
-inline Lanes load(const float* p) {
-    Lanes v;
-    std::memcpy(&v, p, sizeof v);
-    return v;
-}
-
-inline void store(float* p, Lanes v) { std::memcpy(p, &v, sizeof v); }
-
 // dot(q + g * D, k, D) for the G <= kHeadBatch query vectors side by side at q, each with
 // dot()'s partial sums in dot()'s order (the same bits); interleaving them gives the CPU
 // independent additions to overlap where one dot product alone waits on its own sums.
@@ -186,11 +201,7 @@ void dots_of(const float* q, const float* k, int64_t D, float* out) {
         const Lanes key = load(k + d);
         for (int g = 0; g < G; ++g) acc[g] = acc[g] + load(q + g * D + d) * key;
     }
-    for (int g = 0; g < G; ++g) {
-        float lanes[kLanes];
-        store(lanes, acc[g]);
-        out[g] = reduce(lanes);
-    }
+    for (int g = 0; g < G; ++g) out[g] = reduce(acc[g]);
 }
 
 void dots(const float* q, int64_t nq, const float* k, int64_t D, float* out) {
@@ -209,29 +220,32 @@ void dots(const float* q, int64_t nq, const float* k, int64_t D, float* out) {
 thread_local std::vector<Seen> tile_rows;
 thread_local std::vector<float> scores, tops, totals;
 
-// x[j] = exp(x[j] - top) for x[j] <= top: exp(r) * 2^n with n = round((x - top) / ln 2), |r| <= ln 2 / 2,
-// exp(r) by its Taylor polynomial to r^6 (relative error at most 2.5e-7 over [-87, 0], measured).
-// Plain float arithmetic with no branch or library call, so the compiler vectorises it and every
-// element gets the same bits in any lane; arguments below -87 give exp(-87) (1.6e-38), nothing
-// next to the softmax's largest weight, exp(0) = 1.
-void exp_shifted(float* x, int64_t n, float top) {
+// exp(a) for a <= 0: exp(r) * 2^n with n = round(a / ln 2), |r| <= ln 2 / 2, exp(r) by its Taylor
+// polynomial to r^6 (relative error at most 2.5e-7 over [-87, 0], measured). Plain float
+// arithmetic with no branch or library call, so the compiler vectorises its loops and every
+// element gets the same bits in any lane; arguments below -87 give exp(-87) (1.6e-38), exp(0) = 1.
+inline float exp_nonpositive(float a) {
     const float log2e = 1.44269504f, ln2_hi = 0.693145752f, ln2_lo = 1.42860677e-6f, round = 12582912.f;
-    for (int64_t j = 0; j < n; ++j) {
-        const float a = std::max(x[j] - top, -87.f);
-        const float k = (a * log2e + round) - round;  // round to nearest, as an integral float
-        const float r = (a - k * ln2_hi) - k * ln2_lo;
-        float p = 1.f / 720;
-        p = p * r + 1.f / 120;
-        p = p * r + 1.f / 24;
-        p = p * r + 1.f / 6;
-        p = p * r + 0.5f;
-        p = p * r + 1.f;
-        p = p * r + 1.f;
-        int32_t bits = (static_cast<int32_t>(k) + 127) << 23;
-        float scale;
-        std::memcpy(&scale, &bits, sizeof scale);
-        x[j] = p * scale;
-    }
+    a = std::max(a, -87.f);
+    const float k = (a * log2e + round) - round;  // round to nearest, as an integral float
+    const float r = (a - k * ln2_hi) - k * ln2_lo;
+    float p = 1.f / 720;
+    p = p * r + 1.f / 120;
+    p = p * r + 1.f / 24;
+    p = p * r + 1.f / 6;
+    p = p * r + 0.5f;
+    p = p * r + 1.f;
+    p = p * r + 1.f;
+    int32_t bits = (static_cast<int32_t>(k) + 127) << 23;
+    float scale;
+    std::memcpy(&scale, &bits, sizeof scale);
+    return p * scale;
+}
+
+// x[j] = exp(x[j] - top) for x[j] <= top (a softmax's weights: below -87, nothing next to the
+// largest's 1).
+void exp_shifted(float* x, int64_t n, float top) {
+    for (int64_t j = 0; j < n; ++j) x[j] = exp_nonpositive(x[j] - top);
 }
 
 // Rows [r0, r1) and query heads [h0, h1), all of K/V head kvh, each (row, head) over the slots
@@ -253,9 +267,12 @@ void attend_tile(const SdModel& m, const SdLayer& L, const float* qkv, int64_t r
     scores.resize(pairs * most);
     tops.assign(pairs, -INFINITY);
     totals.resize(pairs);
+    // Plain pointers: a thread_local's every use in a shared library may be a call.
+    float *score_at = scores.data(), *top = tops.data(), *total_at = totals.data();
+    const Seen* seen_at = tile_rows.data();
     for (int64_t j = 0; j < most; ++j)
         for (int64_t r = r0; r < r1; ++r) {
-            const Seen& row = tile_rows[r - r0];
+            const Seen& row = seen_at[r - r0];
             if (j >= row.count) continue;
             const float* k = keys + row.slot(j) * D;
             if (j + kKeysAhead < row.count)  // the CPU's own prefetchers start too late on this stream
@@ -266,30 +283,30 @@ void attend_tile(const SdModel& m, const SdLayer& L, const float* qkv, int64_t r
                 dots(qkv + r * width + h * D, nq, k, D, got);
                 for (int64_t g = 0; g < nq; ++g) {
                     const float score = got[g] * m.attn_scale;
-                    scores[(pair + g) * most + j] = score;
-                    tops[pair + g] = std::fmax(tops[pair + g], score);
+                    score_at[(pair + g) * most + j] = score;
+                    top[pair + g] = std::fmax(top[pair + g], score);
                 }
             }
         }
     // Softmax weights of each (row, head), key by key, in place of its scores.
     for (int64_t r = r0; r < r1; ++r)
         for (int64_t h = h0; h < h1; ++h) {
-            const int64_t pair = (r - r0) * nh + (h - h0), count = tile_rows[r - r0].count;
-            float* p = &scores[pair * most];
-            exp_shifted(p, count, tops[pair]);
+            const int64_t pair = (r - r0) * nh + (h - h0), count = seen_at[r - r0].count;
+            float* p = score_at + pair * most;
+            exp_shifted(p, count, top[pair]);
             float total = 0.f;
             for (int64_t j = 0; j < count; ++j) total = total + p[j];
-            totals[pair] = total;
+            total_at[pair] = total;
             std::fill_n(out + (r * m.heads + h) * D, D, 0.f);
         }
     // o += weight * value key by key; a block of keys at a time, 32 of a head's outputs held in
     // registers over the block (each output still sums its keys in ascending order).
     for (int64_t j0 = 0; j0 < most; j0 += kKeyBlock)
         for (int64_t r = r0; r < r1; ++r) {
-            const Seen& row = tile_rows[r - r0];
+            const Seen& row = seen_at[r - r0];
             const int64_t j1 = std::min(j0 + kKeyBlock, row.count);
             for (int64_t h = h0; h < h1; ++h) {
-                const float* w = &scores[((r - r0) * nh + (h - h0)) * most];
+                const float* w = score_at + ((r - r0) * nh + (h - h0)) * most;
                 float* o = out + (r * m.heads + h) * D;
                 for (int64_t c = 0; c < D; c += 2 * kLanes) {
                     Lanes a = load(o + c), b = load(o + c + kLanes);
@@ -306,7 +323,7 @@ void attend_tile(const SdModel& m, const SdLayer& L, const float* qkv, int64_t r
     for (int64_t r = r0; r < r1; ++r)
         for (int64_t h = h0; h < h1; ++h) {
             float* o = out + (r * m.heads + h) * D;
-            const float total = totals[(r - r0) * nh + (h - h0)];
+            const float total = total_at[(r - r0) * nh + (h - h0)];
             for (int64_t d = 0; d < D; ++d) o[d] = o[d] / total;
         }
 }
@@ -330,14 +347,19 @@ void attention(const SdModel& m, const SdLayer& L, const float* qkv, int64_t row
     }
 }
 
-// silu(gate) * up per element, gate and up side by side in each row of gu.
+// silu(gate) * up per element, gate and up side by side in each row of gu: sigmoid(g) from
+// e = exp(-|g|) <= 1 as 1 / (1 + e) or e / (1 + e), so the polynomial exp serves and the loop
+// vectorises (a library exp per element was a fifth of the 0.5B draft's non-kernel time).
 void silu_mul(const float* gu, int64_t rows, int64_t I, float* out) {
-#pragma omp parallel for schedule(static)
-    for (int64_t r = 0; r < rows; ++r)
+#pragma omp parallel for schedule(static) if (rows > 1)
+    for (int64_t r = 0; r < rows; ++r) {
+        const float *gate = gu + r * 2 * I, *up = gate + I;
+        float* o = out + r * I;
         for (int64_t i = 0; i < I; ++i) {
-            const float g = gu[r * 2 * I + i];
-            out[r * I + i] = g / (1.f + std::exp(-g)) * gu[r * 2 * I + I + i];
+            const float g = gate[i], e = exp_nonpositive(-std::fabs(g));
+            o[i] = g * ((g >= 0.f ? 1.f : e) / (1.f + e)) * up[i];
         }
+    }
 }
 
 void add(float* x, const float* y, int64_t count) {

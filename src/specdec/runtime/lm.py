@@ -4,6 +4,7 @@ so any forward, prefill included, gives each row the bits of that row decoded al
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -129,9 +130,13 @@ class NativeLM:
         self._held[start : start + n] = tokens
         self._length = start + n
         self.calls += 1
-        if int(self.nonfinite_at) < 0 and not bool(torch.isfinite(logits).all()):
-            bad = (~torch.isfinite(logits).all(-1)).nonzero()[0, 0]
-            self.nonfinite_at = torch.tensor(start + first + int(bad), dtype=_LONG)
+        # A sum is finite only if every term is (else a term is inf or NaN, or the sum overflowed:
+        # then the exact test decides); torch's isfinite over a 32768-wide row took 0.18 ms, a
+        # sum 0.01 ms.
+        if int(self.nonfinite_at) < 0 and not math.isfinite(float(logits.sum())):
+            finite = torch.isfinite(logits).all(-1)
+            if not bool(finite.all()):
+                self.nonfinite_at = torch.tensor(start + first + int((~finite).nonzero()[0, 0]), dtype=_LONG)
         return logits
 
     def keep_positions(self, start: int, offsets: list[int]) -> None:
