@@ -32,6 +32,10 @@ def test_candidates_cover_every_draft_form_and_lookup():
     assert labels(candidates(True, "cpu", "int8", 1000, 151936)) == ["draft:quant=int8:vocab=1000", "lookup:ngram=3"]
     assert labels(candidates(True, "cpu", vocab_size=151936, quick=True)) == ["draft", "draft:quant=int4", "lookup:ngram=3"]
     assert labels(candidates(False, "cpu", vocab_size=151936)) == ["lookup:ngram=3"]
+    # a draft on the native runtime also runs int3, and its head is restricted in int4 and int3
+    assert labels(candidates(True, "cpu", vocab_size=151936, native=True)) == [
+        "draft", "draft:quant=int8", "draft:quant=int4", "draft:quant=int3", "draft:quant=int4:vocab=32768",
+        "draft:quant=int3:vocab=32768", "lookup:ngram=3"]
     assert hybrid_of(Method("draft", quant="int4", vocab=HEAD)).label == "hybrid:ngram=3:quant=int4:vocab=32768"
 
 

@@ -421,10 +421,13 @@ def test_real_greedy_speculative_equals_plain_smollm2(natives):
 
 @pytest.mark.real
 def test_real_greedy_speculative_equals_plain_qwen_pair(natives):
-    """The int4 1.5B target with the int4 0.5B draft (full head and 32768 ids) and lookup."""
+    """The int4 1.5B target with the int4 0.5B draft (full head and 32768 ids), the int3 one
+    (32768 ids) and lookup."""
     target, full, small = natives(QWEN_TARGET), natives(QWEN_DRAFT), natives(QWEN_DRAFT, head=32768)
+    lean = natives(QWEN_DRAFT, "int3", head=32768)
     _greedy_equal(target, {"lookup": lambda: PromptLookup(k=4), "draft": lambda: DraftModel(full, k=3),
-                           "draft:vocab=32768": lambda: DraftModel(small, k=3)},
+                           "draft:vocab=32768": lambda: DraftModel(small, k=3),
+                           "draft:quant=int3:vocab=32768": lambda: DraftModel(lean, k=3)},
                   code_prompts(QWEN_TARGET, 2), 64)
 
 

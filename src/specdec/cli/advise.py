@@ -65,6 +65,7 @@ def cmd_advise(args: argparse.Namespace) -> int:
     from ..models.load import resolve_dtype, scored_width
     from ..prompts.chat import encode_prompt
     from ..prompts.datasets import Selection, load_prompts
+    from ..runtime.choose import use_native
     from ..tune.advise import run_advise
     from ..tune.candidates import candidates
     from ..tune.render import render
@@ -92,7 +93,9 @@ def cmd_advise(args: argparse.Namespace) -> int:
     else:
         # on the runtime generate would run (--runtime): its costs are the ones the advice is for
         target, tokenizer = load_target(args)
-        families = candidates(has_draft, args.device, flags["quant"], flags["vocab"], scored_width(target), args.quick)
+        native = has_draft and use_native(args.runtime, args.draft, "int4", args.device)
+        families = candidates(has_draft, args.device, flags["quant"], flags["vocab"], scored_width(target), args.quick,
+                              native)
         drafts = load_drafts(args, target, tokenizer, families)
     if tokenizer is None:  # only plain decoding's bookkeeping is timed on these: any ids do
         gen = torch.Generator().manual_seed(0)

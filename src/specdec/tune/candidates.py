@@ -3,10 +3,11 @@ and the ones it leaves out, each with why.
 
 A family is a method without its round options (k, conf, pay, dyn, width): its acceptance is
 measured once on the calibration prompts and the cost model prices every k of it. The draft runs
-in each weight form the device has kernels for (none everywhere; int8 and int4 on a CPU) and, on
-a large vocabulary, with its head restricted to the HEAD most frequent ids (in the cheapest form
-only, int4 on a CPU: a restricted head trims the output layer, the share of a step that grows
-with the vocabulary); prompt lookup; and the hybrid, lookup where an n-gram matches, else the
+in each weight form the device has kernels for (none everywhere; int8 and int4 on a CPU; int3
+where the draft runs on the native runtime) and, on a large vocabulary, with its head restricted
+to the HEAD most frequent ids (in the cheapest form, and int4 beside int3: a restricted head trims
+the output layer, the share of a step that grows with the vocabulary; int3 trades acceptance for
+bytes, so both are ranked); prompt lookup; and the hybrid, lookup where an n-gram matches, else the
 draft variant ranked first (hybrid_of), measured after the drafts.
 
 Then the round options (round_variants): the best-predicted family of each kind that takes them
@@ -39,24 +40,28 @@ QUICK = {"width, conf, dyn, pay": "--quick calibrates no round options: the fami
 
 
 def candidates(has_draft: bool, device: str, quant: str | None = None, vocab: int | None = None,
-               vocab_size: int | None = None, quick: bool = False) -> list[Method]:
+               vocab_size: int | None = None, quick: bool = False, native: bool = False) -> list[Method]:
     """The families advise measures before the hybrid. A --draft-quant or --draft-vocab given
     fixes that option; `vocab_size` (the target's, None without a tokenizer) decides whether a
-    restricted head applies; `quick` keeps the given form and the cheapest one only."""
+    restricted head applies; `quick` keeps the given form and the int4 one only; `native`: the
+    draft runs on the native runtime (int3 then applies)."""
     drafts = []
     if has_draft:
-        forms = [quant] if quant else _forms(device, quick)
+        forms = [quant] if quant else _forms(device, quick, native)
         drafts = [Method("draft", quant=q, vocab=vocab) for q in forms]
         if vocab is None and not quick and vocab_size is not None and vocab_size > HEAD:
-            drafts.append(Method("draft", quant=forms[-1], vocab=HEAD))
+            drafts += [Method("draft", quant=q, vocab=HEAD) for q in forms[-2 if forms[-1] == "int3" else -1:]]
     return [*drafts, Method("lookup", ngram=DEFAULT_NGRAM)]
 
 
-def _forms(device: str, quick: bool) -> list[str | None]:
-    """The draft's weight forms, the cheapest last: int8 and int4 run on specdec's CPU kernels."""
+def _forms(device: str, quick: bool, native: bool) -> list[str | None]:
+    """The draft's weight forms, the cheapest last: int8 and int4 run on specdec's CPU kernels,
+    int3 on the native runtime."""
     if not str(device).startswith("cpu"):
         return [None]
-    return [None, "int4"] if quick else [None, "int8", "int4"]
+    if quick:
+        return [None, "int4"]
+    return [None, "int8", "int4", "int3"] if native else [None, "int8", "int4"]
 
 
 def hybrid_of(draft: Method) -> Method:
