@@ -46,14 +46,18 @@ def before_library(revision: str) -> ctypes.CDLL:
     return lib
 
 
-def twin(lm: NativeLM, lib: ctypes.CDLL) -> NativeLM:
-    """A second NativeLM over the same weights, run by `lib`, holding lm's cache slot-major."""
+def twin(lm: NativeLM, lib: ctypes.CDLL, head_major: bool) -> NativeLM:
+    """A second NativeLM over the same weights, run by `lib`, holding lm's cache slot-major
+    (or head-major as today's, where the revision has that layout already)."""
     d = lm.decoder
     other = Decoder(d.weights, d._rotary, d.capacity)
     other._lib = lib
     layers, heads, capacity, dim = d.k_cache.shape
     for mine, theirs in ((d.k_cache, other.k_cache), (d.v_cache, other.v_cache)):
-        theirs.view(layers, capacity, heads, dim).copy_(mine.permute(0, 2, 1, 3))
+        if head_major:
+            theirs.copy_(mine)
+        else:
+            theirs.view(layers, capacity, heads, dim).copy_(mine.permute(0, 2, 1, 3))
     out = NativeLM(other, lm.eos_token_ids, lm.max_positions)
     out._length, out._held = lm._length, lm._held.clone()
     return out
@@ -72,6 +76,8 @@ def main() -> None:
     parser.add_argument("--contexts", nargs="+", type=int, default=[512, 2048, 4096, 8192])
     parser.add_argument("--steps", type=int, default=16)
     parser.add_argument("--out", default="/tmp/attention_before_after.json")
+    parser.add_argument("--head-major", action="store_true",
+                        help="the revision's cache is head-major as today's (from 5cfd1f4 on): copied as it is")
     args = parser.parse_args()
     old = before_library(args.before)
     rows = []
@@ -82,11 +88,11 @@ def main() -> None:
             began = time.perf_counter()
             lm.prefill(tokens[:context])
             prefill = time.perf_counter() - began
-            sides = {"after": lm, "before": twin(lm, old)}
+            sides = {"after": lm, "before": twin(lm, old, args.head_major)}
             steps = {side: [] for side in sides}
             attention = {side: [] for side in sides}
             stage_seconds(), attention_seconds(old)
-            gap = 0.0  # largest logit difference of the two: the exp polynomial's, not a layout mix-up
+            gap = 0.0  # largest logit difference of the two: 0 where the float operations are the same
             for i in range(args.steps):
                 order = ("after", "before") if i % 2 == 0 else ("before", "after")
                 logits = {}

@@ -1,7 +1,8 @@
 """Measure the native runtime (docs/runtime.md): read bandwidth, the int4 1.5B target's plain
-decode step against today's path (transformers + QuantLinear through CausalLM), the 0.5B int4
-draft's step with the full and a 32768-id head (int4, and int3 with the 32768-id head), a step's profile, and optionally paired tok/s
-of plain decoding against draft:k=3 on HumanEval prompts. Run under the CPU lock:
+decode step against today's path (transformers + QuantLinear through CausalLM), the 0.5B
+draft's step (int4 with the full and a 32768-id head, int3 with the 32768-id head), a step's
+profile, and optionally paired tok/s of plain decoding against draft:k=3 on HumanEval prompts.
+Run under the CPU lock:
 
     flock /tmp/cpu.lock env PYTHONPATH=src .venv/bin/python scripts/runtime_bench.py [--parts ...]
 """

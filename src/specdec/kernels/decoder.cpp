@@ -188,8 +188,10 @@ inline Seen seen(const SdVisible& vis, int64_t r) {
 
 constexpr int64_t kHeadBatch = 8;  // query heads whose dot products with one key run interleaved
 constexpr int64_t kKeyBlock = 64;  // keys whose values stay in L1 while a head sums them
-constexpr int64_t kKeysAhead = 16;  // keys between the one scored and the one prefetched (measured: 4 cuts a decode
-                                   // row's attention by a quarter at 2K keys)
+// Keys between the one scored and the one prefetched (4 cut a decode row's attention by a quarter
+// at 2K keys; 16, with the values into L2, another 3-15% on the Ice Lake Xeon at 512 and 2K:
+// docs/runtime/attention-prefetch-icelake.json).
+constexpr int64_t kKeysAhead = 16;
 
 // dot(q + g * D, k, D) for the G <= kHeadBatch query vectors side by side at q, each with
 // dot()'s partial sums in dot()'s order (the same bits); interleaving them gives the CPU
@@ -275,8 +277,15 @@ void attend_tile(const SdModel& m, const SdLayer& L, const float* qkv, int64_t r
             const Seen& row = seen_at[r - r0];
             if (j >= row.count) continue;
             const float* k = keys + row.slot(j) * D;
-            if (j + kKeysAhead < row.count)  // the CPU's own prefetchers start too late on this stream
-                for (int64_t d = 0; d < D; d += kLanes) __builtin_prefetch(keys + row.slot(j + kKeysAhead) * D + d);
+            // The CPU's own prefetchers start too late on these streams: the key a few ahead into
+            // L1, its value into L2 for the weighted sum that follows the scores.
+            if (j + kKeysAhead < row.count) {
+                const int64_t ahead = row.slot(j + kKeysAhead) * D;
+                for (int64_t d = 0; d < D; d += kLanes) {
+                    __builtin_prefetch(keys + ahead + d);
+                    __builtin_prefetch(values + ahead + d, 0, 2);
+                }
+            }
             for (int64_t h = h0; h < h1; h += kHeadBatch) {
                 const int64_t nq = std::min(kHeadBatch, h1 - h), pair = (r - r0) * nh + (h - h0);
                 float got[kHeadBatch];
