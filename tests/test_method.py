@@ -52,7 +52,7 @@ def test_method_parsing():
     ("lookup:vocab=100", "lookup takes k=, ngram=, cat="),
     ("lookup:k=3,lookup:k=3:ngram=3", "lists lookup:k=3:ngram=3 twice"),
     ("draft-int8:k=2", "the int8 draft is written draft:quant=int8 now"),
-    ("draft:quant=int3", "quant in 'draft:quant=int3' takes none, int8, int4"),
+    ("draft:quant=int2", "quant in 'draft:quant=int2' takes none, int8, int4, int3"),
     ("draft:k=2:pay=1:width=2", "pay=1 does not apply to a tree"),
     ("hybrid:k=2:width=2", "bad option 'width=2' in 'hybrid:k=2:width=2'"),
     ("draft:k=2:k=3", "k is given twice"),

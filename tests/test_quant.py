@@ -110,7 +110,8 @@ def test_a_partial_or_foreign_cache_is_converted_again_and_a_damaged_one_refused
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    ({"quant": "int3"}, "unknown quantization 'int3'"),
+    ({"quant": "int2"}, "unknown quantization 'int2'"),
+    ({"quant": "int3"}, "int3 weights run on specdec's native runtime only"),  # transformers' model: refused
     ({"quant": "int4", "group": 48}, "group size must be one of 32, 64, 128, 256"),
     ({"quant": "int8", "device": "cuda"}, "CPU kernels"),
 ])
@@ -145,7 +146,7 @@ def test_quantizing_a_prepared_model_is_refused():
     (["bench", "--dataset", "humaneval", "--out", "OUT", "--methods", "ar,llamacpp", "--target", SMOL,
       "--temperature", "1"], "greedy decoding only"),
     (["generate", "--prompt", "x", "--draft-int8", "--draft-quant", "int4"], "--draft-int8 contradicts --draft-quant int4"),
-    (["generate", "--prompt", "x", "--proposer", "draft:quant=int3"], "quant in 'draft:quant=int3' takes none, int8, int4"),
+    (["generate", "--prompt", "x", "--proposer", "draft:quant=int2"], "quant in 'draft:quant=int2' takes none, int8, int4, int3"),
 ])
 def test_bad_cli_options_are_one_line_errors(argv, message, tmp_path, capsys):
     from specdec.cli import main
