@@ -81,13 +81,19 @@ def test_logits_near_transformers_on_the_dequantized_weights(pair):
     per element), so the logits differ by that much amplified through the layers: 5% of their
     range bounds it here (measured about 1%)."""
     model, lm = pair
+    assert gap_to_dequantized(model, lm, "int4") <= 0.05
+
+
+def gap_to_dequantized(model, lm, mode: str) -> float:
+    """The largest logit gap of `lm` (alone, 24 tokens) to transformers' forward of `model` with
+    the weights the `mode` codes stand for, as a share of the logits' range."""
     dense = copy.deepcopy(model)
-    for name, weight in read_model(dense, decoder_config(dense.config), "int4").linears.items():
+    for name, weight in read_model(dense, decoder_config(dense.config), mode).linears.items():
         dense.get_submodule(name).weight.data = weight.dequantize()
     tokens = sequence(24)
     with torch.no_grad():
         expected = dense(tokens[None]).logits[0]
-    assert (alone(lm, tokens) - expected).abs().max() <= 0.05 * expected.abs().max()
+    return float((alone(lm, tokens) - expected).abs().max() / expected.abs().max())
 
 
 def test_every_row_is_the_same_alone_and_in_blocks_of_2_to_17(pair):
@@ -267,13 +273,7 @@ def test_an_int3_draft_runs_q3_layers_on_the_weights_its_codes_stand_for():
     assert bits == {3} and [p.bits for p in w.head.parts] == [4]
     assert all(f.startswith("Q3 rounded") for n, f in w.forms.items() if n != "lm_head")
     assert w.nbytes() < 0.85 * load_model(copy.deepcopy(model), "int4", capacity=64).decoder.weights.nbytes()
-    dense = copy.deepcopy(model)
-    for name, weight in read_model(dense, decoder_config(dense.config), "int3").linears.items():
-        dense.get_submodule(name).weight.data = weight.dequantize()
-    tokens = sequence(24)
-    with torch.no_grad():
-        expected = dense(tokens[None]).logits[0]
-    assert (alone(lm, tokens) - expected).abs().max() <= 0.12 * expected.abs().max()
+    assert gap_to_dequantized(model, lm, "int3") <= 0.12
 
 
 @pytest.mark.parametrize("proposer", ["draft", "draft-head", "draft-int3", "lookup", "tree"])
