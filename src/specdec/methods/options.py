@@ -55,7 +55,8 @@ def _width(text: str) -> int | None:
 OPTIONS: dict[str, tuple[Callable[[str], Any], str]] = {
     "k": (_whole, "tokens guessed per round (the most, with conf or pay)"),
     "ngram": (_whole, "longest n-gram prompt lookup matches"),
-    "quant": (_quant, "the draft's linear layers as 8-, 4- or 3-bit codes (specdec.models.draft_quant; int3: native runtime)"),
+    "quant": (_quant, "the draft's linear layers as 8-, 4- or 3-bit codes (specdec.models.draft_quant; int3: "
+                      "native runtime)"),
     "vocab": (_whole, "the draft scores only the N most frequent token ids (specdec.models.draft_head)"),
     "conf": (_probability, "adaptive k: a round stops after a draft probability below P"),
     "pay": (_switch, "adaptive k by the cost model, from --pay-rule FILE (specdec.proposers.policy)"),

@@ -1,7 +1,7 @@
 """Weight-only int8 / int4 models (specdec.forward.linear's kernels): weights (weights.py), read from
 a GGUF (gguf_source.py), per model (model.py), cached (cache.py)."""
 
-MODES = ("none", "int8", "int4")  # --target-quant, --draft-quant and quant= in method specs
+MODES = ("none", "int8", "int4")  # --target-quant; a draft takes these and int3 (DRAFT_MODES)
 # int3: 3-bit codes (quant.weights.q3_rtn), a form for drafts on the native runtime only: a
 # draft need not be exact, and a step of it reads a fifth fewer bytes than int4's.
 DRAFT_MODES = (*MODES, "int3")  # --draft-quant and quant=

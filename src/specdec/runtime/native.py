@@ -66,7 +66,8 @@ def stage_seconds() -> dict[str, float]:
 
 def _weight(packed: Packed, bias: torch.Tensor | None) -> _Weight:
     out_features = packed.codes.shape[0] * 16
-    return _Weight(packed.bits, packed.zero, packed.per_super, packed.in_features, out_features, packed.codes.data_ptr(),
+    return _Weight(packed.bits, packed.zero, packed.per_super, packed.in_features, out_features,
+                   packed.codes.data_ptr(),
                    packed.subs.data_ptr(), packed.supers.data_ptr(), None if bias is None else bias.data_ptr())
 
 

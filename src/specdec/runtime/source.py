@@ -109,8 +109,9 @@ def read_model(model: PreTrainedModel, cfg: DecoderConfig, mode: str) -> SourceW
     32, the output layer Q8; int8: Q8; int3: Q3, the output layer Q4)."""
     head = model.get_output_embeddings().weight.detach()
     if mode == "int3":
+        out_layer = model.get_output_embeddings()
         linears = {name: q3_rtn(m.weight.detach()) for name, m in model.named_modules()
-                   if type(m) is torch.nn.Linear and m is not model.get_output_embeddings()}
+                   if type(m) is torch.nn.Linear and m is not out_layer}
         linears[HEAD] = q4_rtn(head, 32)
     else:
         linears = quantize_weights(model, mode, None, 32)
