@@ -17,7 +17,7 @@ settings.load_profile("specdec")
 # scripts/test.sh runs two pytest-xdist workers on CI's two cores: one thread each, as two
 # processes of two threads would oversubscribe the cores (OpenMP's waits then cost milliseconds
 # per tiny op). What a user's thread count does to a kernel's block invariance is checked at run
-# time by the probe in specdec.forward.linear, and measured by scripts/kernel_facts.py.
+# time by the probe in specdec.forward.linear, and measured by scripts/measure/kernel_facts.py.
 if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)
 from transformers import Qwen2Config, Qwen2ForCausalLM

@@ -5,7 +5,7 @@
 # tuned on: HumanEval/150-157 (code) and 8 Spec-Bench first turns from writing, roleplay,
 # humanities and qa (chat); 128 greedy tokens. Results under $OUT (default runs/default-vs-llamacpp; an interrupted run resumes there).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 OUT=${OUT:-runs/default-vs-llamacpp}
 mkdir -p "$OUT"
 .venv/bin/python - "$OUT" <<'PY'

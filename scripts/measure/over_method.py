@@ -2,7 +2,7 @@
 llama.cpp's plain decoding, docs/quant.md): per prompt, tokens/s over that method's on the same
 prompt and repeat; median and geometric mean over prompts with the bench's bootstrap intervals.
 
-    .venv/bin/python scripts/over_method.py docs/quant/kernels/humaneval llamacpp
+    .venv/bin/python scripts/measure/over_method.py docs/quant/kernels/humaneval llamacpp
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ of the registry target (Qwen2.5-Coder-1.5B shapes, distinct random tensors, so e
 them from memory) at 1..8 rows, with the read rate that implies; specdec's layers pad a block
 below min_rows, as in generation.
 
-    .venv/bin/python scripts/kernel_facts.py --out docs/forward/kernels-<machine>.json
+    .venv/bin/python scripts/measure/kernel_facts.py --out docs/forward/kernels-<machine>.json
 
 Kernels: torch's F.linear (MKL for float32, oneDNN for bf16/fp16), specdec's PackedLinear
 (oneDNN prepacked where the CPU runs the dtype, else F.linear), QuantLinear
@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 from specdec.forward.linear import PackedLinear, QuantLinear, onednn_packs, probe_min_rows  # noqa: E402
 from specdec.machine import environment  # noqa: E402
 from specdec.quant.weights import q4_rtn, q8_rtn  # noqa: E402

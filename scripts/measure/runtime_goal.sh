@@ -4,13 +4,13 @@
 # HumanEval/0-19 and Spec-Bench 4 per category (52 prompts), 128 greedy tokens; specdec's plain
 # decoding of the int4 target beside them (every speculative output must equal it).
 #
-#   flock /tmp/cpu.lock bash scripts/runtime_goal.sh     # about 35 minutes on 2 cores (Xeon, AVX-512)
-#   METHODS=ar,auto,llamacpp DATASETS=humaneval OUT=runs/x bash scripts/runtime_goal.sh
+#   flock /tmp/cpu.lock bash scripts/measure/runtime_goal.sh     # about 35 minutes on 2 cores (Xeon, AVX-512)
+#   METHODS=ar,auto,llamacpp DATASETS=humaneval OUT=runs/x bash scripts/measure/runtime_goal.sh
 #
 # A llama.cpp built for this CPU (docs/llamacpp.md) is taken when PYTHONPATH names it. Each run
 # resumes where it stopped (--resume); folders: $OUT-DATASET (default runs/runtime-goal-DATASET).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 OUT=${OUT:-runs/runtime-goal}
 METHODS=${METHODS:-ar,auto,draft:k=3:quant=int4:vocab=32768,llamacpp}
 for dataset in ${DATASETS:-humaneval spec-bench}; do

@@ -9,8 +9,8 @@
 #   2. specdec perplexity: llama.cpp, the dequantized target, int8 and int4 on the same windows.
 #
 # Usage (heavy: run it alone; on the shared machine wrap it in flock):
-#   flock /tmp/cpu.lock bash scripts/quant_bench.sh
-#   LIMIT=2 MAX_NEW=32 PPL_TOKENS=1024 DATASETS=humaneval OUT=runs/quant-smoke flock /tmp/cpu.lock bash scripts/quant_bench.sh
+#   flock /tmp/cpu.lock bash scripts/measure/quant_bench.sh
+#   LIMIT=2 MAX_NEW=32 PPL_TOKENS=1024 DATASETS=humaneval OUT=runs/quant-smoke flock /tmp/cpu.lock bash scripts/measure/quant_bench.sh
 # Environment: LIMIT (10), MAX_NEW (128), DRAFT_QUANT (int8: the draft's quant=, see docs/quant.md),
 # THREADS (2), PPL_TOKENS (4096; 0 skips the perplexity), PPL_ENGINES (llamacpp,none,int8,int4),
 # DTYPE (auto), DATASETS ("humaneval"; "humaneval spec-bench" for both), PER_CATEGORY (4), METHODS,
@@ -18,7 +18,7 @@
 # llama_cpp Python imports: PYTHONPATH=DIR runs a native build installed with pip --target DIR
 # (the config's environment.llama_cpp.cpu_features says which ran; docs/quant.md).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 
 PY=${PY:-.venv/bin/python}
 LIMIT=${LIMIT:-10}

@@ -4,7 +4,7 @@ draft's step (int4 with the full and a 32768-id head, int3 with the 32768-id hea
 profile, and optionally paired tok/s of plain decoding against draft:k=3 on HumanEval prompts.
 Run under the CPU lock:
 
-    flock /tmp/cpu.lock env PYTHONPATH=src .venv/bin/python scripts/runtime_bench.py [--parts ...]
+    flock /tmp/cpu.lock env PYTHONPATH=src .venv/bin/python scripts/measure/runtime_bench.py [--parts ...]
 """
 
 from __future__ import annotations
