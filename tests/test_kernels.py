@@ -20,7 +20,8 @@ from gguf import GGMLQuantizationType, quants
 
 from specdec import kernels
 from specdec.errors import SpecdecError
-from specdec.quant.weights import _affine, q3_rtn, q4_rtn, q4k_split, q6k_split, q8_rtn, q41_split
+from specdec.quant.weights import (_affine, q3_rtn, q4_rtn, q4k_split, q5k_split, q6k_split, q8_rtn, q40_split,
+                                   q41_split, q50_split, q51_split, q80_split)
 
 SHAPES = [(16, 32), (48, 96), (64, 896), (256, 1536), (32, 8960)]  # 896, 96: a short last super-block
 
@@ -117,12 +118,26 @@ def _random_blocks(kind: GGMLQuantizationType, rows: int, inputs: int, scale_at:
     return raw.reshape(rows, -1)
 
 
-@pytest.mark.parametrize("kind, split, scale_at", [(GGMLQuantizationType.Q4_K, q4k_split, [0, 2]),
-                                                   (GGMLQuantizationType.Q4_1, q41_split, [0, 2]),
-                                                   (GGMLQuantizationType.Q6_K, q6k_split, [208])])
-def test_gguf_blocks_decode_to_gguf_pys_floats(kind, split, scale_at):
-    rows, inputs = 32, 512
+_T = GGMLQuantizationType
+GGUF_FORMS = [(_T.Q4_K, q4k_split, [0, 2]), (_T.Q5_K, q5k_split, [0, 2]), (_T.Q6_K, q6k_split, [208]),
+              (_T.Q4_0, q40_split, [0]), (_T.Q4_1, q41_split, [0, 2]), (_T.Q5_0, q50_split, [0]),
+              (_T.Q5_1, q51_split, [0, 2]), (_T.Q8_0, q80_split, [0])]
+
+
+def _gguf_blocks(kind, rows: int, inputs: int, scale_at: list[int]) -> np.ndarray:
     raw = _random_blocks(kind, rows, inputs, scale_at)
+    if kind == _T.Q8_0:  # llama.cpp writes |q| <= 127 (q80_split refuses -128)
+        codes = raw.reshape(-1, 34)[:, 2:].view(np.int8)
+        codes[codes == -128] = -127
+    return raw
+
+
+@pytest.mark.parametrize("kind, split, scale_at", GGUF_FORMS)
+def test_gguf_blocks_decode_to_gguf_pys_floats(kind, split, scale_at):
+    """Every block type of common GGUF files is kept exactly: the weight specdec runs decodes to
+    gguf-py's own floats bit for bit, and the kernels' product is that of those floats."""
+    rows, inputs = 32, 512
+    raw = _gguf_blocks(kind, rows, inputs, scale_at)
     ours = split(raw, (rows, inputs)).dequantize()
     theirs = torch.from_numpy(np.asarray(quants.dequantize(raw, kind), dtype=np.float32).reshape(rows, inputs))
     assert torch.equal(ours, theirs)
@@ -130,6 +145,26 @@ def test_gguf_blocks_decode_to_gguf_pys_floats(kind, split, scale_at):
     y = kernels.linear(x, kernels.pack(split(raw, (rows, inputs))), None, torch.float32)
     expected = activations(x) @ theirs.double().T
     assert (y.double() - expected).abs().max() < 1e-5 * expected.abs().max()
+
+
+@pytest.mark.parametrize("kind, split, scale_at", GGUF_FORMS)
+def test_gguf_forms_give_the_same_bits_in_any_block_and_on_every_path(kind, split, scale_at):
+    rows, inputs = 48, 768
+    packed = kernels.pack(split(_gguf_blocks(kind, rows, inputs, scale_at), (rows, inputs)))
+    x = torch.randn(9, inputs) * 4
+    x[0, :32] = 127.0  # the largest activations meet the largest codes
+    full = kernels.linear(x, packed, None, torch.float32)
+    assert torch.equal(kernels.linear(x, packed, None, torch.float32, portable=True), full)
+    assert all(torch.equal(kernels.linear(x[i : i + 2], packed, None, torch.float32), full[i : i + 2]) for i in range(7))
+    if HAS_AVX2:
+        assert torch.equal(kernels.linear(x, packed, None, torch.float32, march="x86-64-v3"), full)
+
+
+def test_a_q8_0_code_of_minus_128_is_refused():
+    raw = _random_blocks(_T.Q8_0, 16, 32, [0])
+    raw.reshape(-1, 34)[0, 2] = 0x80
+    with pytest.raises(SpecdecError, match="-128"):
+        q80_split(raw, (16, 32))
 
 
 def test_rounding_stays_within_its_error_and_keeps_zeros():

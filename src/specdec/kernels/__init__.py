@@ -1,4 +1,4 @@
-"""specdec's int8-activation kernels for Q3, Q4 and Q8 weights (qgemm.cpp; formats: quant.weights).
+"""specdec's int8-activation kernels for Q3, Q4, Q5 and Q8 weights (qgemm.cpp; formats: quant.weights).
 
 The C++ source is compiled once per machine with the system's C++ compiler (-march=native: the
 AVX-512 VNNI path where the CPU has it, else the AVX2 one, else the portable one) into the model
@@ -81,9 +81,11 @@ def library_path(march: str = "native", source: Path | None = None) -> Path:
 def library(march: str = "native") -> ctypes.CDLL:
     lib = ctypes.CDLL(str(library_path(march)))
     p, i, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
-    lib.sd_q4_linear.argtypes = lib.sd_q3_linear.argtypes = [p, i, i64, i64, i64, p, p, p, i64, p, p, i, i]
-    lib.sd_q8_linear.argtypes = [p, i, i64, i64, i64, p, p, p, i, p, p, i, i]
-    lib.sd_q4_linear.restype = lib.sd_q3_linear.restype = lib.sd_q8_linear.restype = None
+    for low in (lib.sd_q3_linear, lib.sd_q4_linear, lib.sd_q5_linear):
+        low.argtypes = [p, i, i64, i64, i64, p, p, p, i64, p, p, i, i]
+        low.restype = None
+    lib.sd_q8_linear.argtypes = [p, i, i64, i64, i64, p, p, p, i, i64, p, p, i, i]
+    lib.sd_q8_linear.restype = None
     return lib
 
 
@@ -122,14 +124,14 @@ def pack(weight: Q4Weight | Q8Weight) -> Packed:
     tiles = out // 16
     if isinstance(weight, Q4Weight):
         groups = inputs // Q4_GROUP
-        codes = (_q4_codes if weight.bits == 4 else _q3_codes)(weight.codes.reshape(tiles, 16, groups, 32))
+        codes = _LOW_CODES[weight.bits](weight.codes.reshape(tiles, 16, groups, 32)).reshape(tiles, groups, -1)
         subs = torch.cat([_tiles(weight.sub_scales), _tiles(weight.sub_mins)], dim=-1)
         supers = torch.cat([_tiles(weight.scales), _tiles(weight.mins)], dim=-1).float()
         return Packed(weight.bits, codes.contiguous(), subs.contiguous(), supers.contiguous(), weight.per_super)
     groups = inputs // Q8_GROUP
     codes = weight.codes.reshape(tiles, 16, groups, 4, 4).permute(0, 2, 3, 1, 4)
     return Packed(8, codes.contiguous(), _tiles(weight.sub_scales).contiguous(),
-                  _tiles(weight.scales).float().contiguous(), SUPER // Q8_GROUP, weight.zero)
+                  _tiles(weight.scales).float().contiguous(), weight.per_super, weight.zero)
 
 
 def _q4_codes(q: torch.Tensor) -> torch.Tensor:
@@ -149,6 +151,17 @@ def _q3_codes(q: torch.Tensor) -> torch.Tensor:
     return torch.stack([*low, third], dim=2)
 
 
+def _q5_codes(q: torch.Tensor) -> torch.Tensor:
+    """[tile, lane, group, 32] codes -> [tile, group, 320 bytes]: Q4's nibbles of the low 4 bits,
+    then a plane [lane, byte] holding at bit j the fifth bit of input 4j+b."""
+    nibbles = _q4_codes(q & 15).reshape(*q.shape[:1], q.shape[2], 256)
+    fifth = ((q >> 4) & 1).permute(0, 2, 1, 3).reshape(*q.shape[:1], q.shape[2], 16, 8, 4)  # [.., lane, j, byte]
+    plane = (fifth << torch.arange(8, dtype=torch.uint8).view(1, 1, 1, 8, 1)).sum(3, dtype=torch.uint8)
+    return torch.cat([nibbles, plane.reshape(*q.shape[:1], q.shape[2], 64)], dim=-1)
+
+
+_LOW_CODES = {3: _q3_codes, 4: _q4_codes, 5: _q5_codes}  # bits -> packing of a Q3/Q4/Q5 weight's codes
+
 _NATIVE = (torch.float32, torch.bfloat16)  # activation and output dtypes the kernels read and write
 
 
@@ -167,10 +180,10 @@ def linear(x: torch.Tensor, weight: Packed, bias: torch.Tensor | None, out_dtype
     head = (x.data_ptr(), x.dtype == torch.bfloat16, rows, inputs, out_features, weight.codes.data_ptr(),
             weight.subs.data_ptr(), weight.supers.data_ptr())
     tail = (None if bias is None else bias.data_ptr(), y.data_ptr(), y.dtype == torch.bfloat16, portable)
-    if weight.bits in (3, 4):
-        (lib.sd_q4_linear if weight.bits == 4 else lib.sd_q3_linear)(*head, weight.per_super, *tail)
+    if weight.bits == 8:
+        lib.sd_q8_linear(*head, weight.zero, weight.per_super, *tail)
     else:
-        lib.sd_q8_linear(*head, weight.zero, *tail)
+        getattr(lib, f"sd_q{weight.bits}_linear")(*head, weight.per_super, *tail)
     return y if y.dtype == out_dtype else y.to(out_dtype)
 
 

@@ -67,16 +67,18 @@ namespace {
 constexpr int kLanes = 16;  // a dot product's fixed partial sums (vectorised by the compiler)
 
 // y = x W^T (+ bias) for one weight; the rows are quantized once per call (qgemm's linear).
+template <int Bits>
+void apply_low(const SdWeight& w, const float* x, int64_t rows, float* out) {
+    linear(QLow<Bits>{w.codes, static_cast<const uint8_t*>(w.subs), w.supers, w.per_super}, x, 0, rows, w.K, w.N, 0,
+           w.bias, out, 0, 0);
+}
+
 void apply(const SdWeight& w, const float* x, int64_t rows, float* out) {
-    if (w.bits == 4)
-        linear(Q4{w.codes, static_cast<const uint8_t*>(w.subs), w.supers, w.per_super}, x, 0, rows, w.K, w.N, 0,
-               w.bias, out, 0, 0);
-    else if (w.bits == 3)
-        linear(Q3{w.codes, static_cast<const uint8_t*>(w.subs), w.supers, w.per_super}, x, 0, rows, w.K, w.N, 0,
-               w.bias, out, 0, 0);
-    else
-        linear(Q8{w.codes, static_cast<const int8_t*>(w.subs), w.supers, w.zero}, x, 0, rows, w.K, w.N, w.zero,
-               w.bias, out, 0, 0);
+    if (w.bits == 4) return apply_low<4>(w, x, rows, out);
+    if (w.bits == 3) return apply_low<3>(w, x, rows, out);
+    if (w.bits == 5) return apply_low<5>(w, x, rows, out);
+    linear(Q8{w.codes, static_cast<const int8_t*>(w.subs), w.supers, w.zero, w.per_super}, x, 0, rows, w.K, w.N,
+           w.zero, w.bias, out, 0, 0);
 }
 
 thread_local std::vector<float> part_out;

@@ -20,8 +20,12 @@
 //              planes 0 and 1 hold the low 2 bits of inputs 0..15 and 16..31 (bits 2s, 2s+1 of
 //              byte b: input 4s+b of the half), plane 2 their third bits (bit j of byte b: input
 //              4j+b), so load j (inputs 4j..4j+3) is two shifts and masks away.
+//   Q5: as Q4 but codes [T][K/32][320] bytes: the first 256 Q4's nibbles (the low 4 bits), then
+//              a 64-byte plane [16][4] of fifth bits (bit j of byte b: input 4j+b), as Q3's
+//              third bits; GGUF's Q5_K (8 groups a super-block), Q5_0 and Q5_1 (one) exactly.
 //   Q8: codes  [T][K/16][4][16][4] bytes: load j of group g holds inputs 4j..4j+3 of the group;
-//       subs   [T][K/16][16] i8 sub-scales; supers [T][ceil(K/256)][16] f32 (16 groups of 16).
+//       subs   [T][K/16][16] i8 sub-scales; supers [T][ceil(G/gps)][16] f32 (a super-block is
+//              gps groups of 16: 16 for Q6_K and rounded weights, 2 for Q8_0's scale per 32).
 //       w = scale*sub_scale*(q - zero).
 #include <cmath>
 #include <cstdint>
@@ -169,7 +173,7 @@ inline void store_out(const float* acc, const float* bias, int64_t n0, void* out
     }
 }
 
-// Q4 (Bits = 4) and Q3 (Bits = 3): one format but for how a group's codes are stored.
+// Q4 (Bits = 4), Q3 and Q5: one format but for how a group's codes are stored.
 template <int Bits>
 struct QLow {
     static constexpr int kCodeBytes = 64 * Bits;  // a tile's codes per group of 32 inputs
@@ -179,6 +183,7 @@ struct QLow {
 };
 using Q4 = QLow<4>;
 using Q3 = QLow<3>;
+using Q5 = QLow<5>;
 
 // Input i's code for lane l of a group's codes (the portable path's reading of the layouts).
 inline int32_t code_at(const Q4&, const uint8_t* codes, int l, int i) {
@@ -190,11 +195,16 @@ inline int32_t code_at(const Q3&, const uint8_t* codes, int l, int i) {
     const int j = i / 4, b = l * 4 + i % 4;
     return ((codes[(j / 4) * 64 + b] >> (2 * (j % 4))) & 3) | (((codes[128 + b] >> j) & 1) << 2);
 }
+inline int32_t code_at(const Q5&, const uint8_t* codes, int l, int i) {
+    return code_at(Q4{}, codes, l, i) | (((codes[256 + l * 4 + i % 4] >> (i / 4)) & 1) << 4);
+}
+
 struct Q8 {
     const uint8_t* codes;
     const int8_t* subs;
     const float* supers;
     int zero;
+    int64_t gps;  // groups of 16 per super-block
 };
 
 // The portable path: one output lane at a time, the same operations as the vector path.
@@ -222,13 +232,13 @@ void portable_tile(const QLow<Bits>& w, const Acts& a, int64_t K, int64_t t, int
 }
 
 void portable_tile(const Q8& w, const Acts& a, int64_t K, int64_t t, int64_t r0, int rows, float (*acc)[16]) {
-    const int64_t G = K / 16, SB = (G + 15) / 16;
+    const int64_t G = K / 16, SB = (G + w.gps - 1) / w.gps;
     for (int r = 0; r < rows; ++r)
         for (int l = 0; l < 16; ++l) acc[r][l] = 0.f;
     for (int64_t g = 0; g < G; ++g) {
         const uint8_t* codes = w.codes + (t * G + g) * 256;
         const int8_t* subs = w.subs + (t * G + g) * 16;
-        const float* sup = w.supers + (t * SB + g / 16) * 16;
+        const float* sup = w.supers + (t * SB + g / w.gps) * 16;
         for (int l = 0; l < 16; ++l) {
             const float s = float(subs[l]) * sup[l];
             for (int r = 0; r < rows; ++r) {
@@ -274,6 +284,23 @@ inline void unpack(const Q3&, const uint8_t* codes, __m512i* c) {
     c[4] = q3_load<4>(planes), c[5] = q3_load<5>(planes), c[6] = q3_load<6>(planes), c[7] = q3_load<7>(planes);
 }
 
+// Q4's nibbles, then the fifth bits moved to bit 4 of each byte (the 16-bit shifts carry bits
+// across a word's bytes only where the mask then clears them).
+template <int J>
+inline __m512i q5_high(__m512i plane) {
+    const __m512i at4 = J <= 4 ? _mm512_slli_epi16(plane, 4 - J) : _mm512_srli_epi16(plane, J - 4);
+    return _mm512_and_si512(at4, _mm512_set1_epi8(16));
+}
+
+inline void unpack(const Q5&, const uint8_t* codes, __m512i* c) {
+    unpack(Q4{}, codes, c);
+    const __m512i p = _mm512_loadu_si512(codes + 256);
+    c[0] = _mm512_or_si512(c[0], q5_high<0>(p)), c[1] = _mm512_or_si512(c[1], q5_high<1>(p));
+    c[2] = _mm512_or_si512(c[2], q5_high<2>(p)), c[3] = _mm512_or_si512(c[3], q5_high<3>(p));
+    c[4] = _mm512_or_si512(c[4], q5_high<4>(p)), c[5] = _mm512_or_si512(c[5], q5_high<5>(p));
+    c[6] = _mm512_or_si512(c[6], q5_high<6>(p)), c[7] = _mm512_or_si512(c[7], q5_high<7>(p));
+}
+
 template <int R, int Bits>
 void vnni_rows(const QLow<Bits>& w, const Acts& a, int64_t K, int64_t t, int64_t r0, float (*out)[16]) {
     const int64_t G = K / 32, SB = (G + w.gps - 1) / w.gps, blocks = K / 32;
@@ -314,12 +341,17 @@ void vnni_rows(const QLow<Bits>& w, const Acts& a, int64_t K, int64_t t, int64_t
 
 template <int R>
 void vnni_rows(const Q8& w, const Acts& a, int64_t K, int64_t t, int64_t r0, float (*out)[16]) {
-    const int64_t G = K / 16, SB = (G + 15) / 16, blocks = K / 32;
+    const int64_t G = K / 16, SB = (G + w.gps - 1) / w.gps, blocks = K / 32;
     __m512 acc[R];
     for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
     __m512 d = _mm512_setzero_ps();
-    for (int64_t g = 0; g < G; ++g) {
-        if (g % 16 == 0) d = _mm512_loadu_ps(w.supers + (t * SB + g / 16) * 16);
+    const float* sup = w.supers + t * SB * 16;
+    for (int64_t g = 0, in_super = 0; g < G; ++g) {
+        if (in_super-- == 0) {
+            d = _mm512_loadu_ps(sup);
+            sup += 16;
+            in_super = w.gps - 1;
+        }
         const int8_t* subs = w.subs + (t * G + g) * 16;
         const __m512 s = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)subs))), d);
         const uint8_t* codes = w.codes + (t * G + g) * 256;
@@ -390,6 +422,17 @@ inline void unpack_half(const Q3&, const uint8_t* codes, __m256i* c) {
     }
 }
 
+inline void unpack_half(const Q5&, const uint8_t* codes, __m256i* c) {
+    unpack_half(Q4{}, codes, c);
+    const __m256i p = _mm256_loadu_si256((const __m256i*)(codes + 256));
+    const __m256i bit4 = _mm256_set1_epi8(16);
+    for (int j = 0; j < 8; ++j) {
+        const __m256i at4 = j <= 4 ? _mm256_sll_epi16(p, _mm_cvtsi32_si128(4 - j))
+                                   : _mm256_srl_epi16(p, _mm_cvtsi32_si128(j - 4));
+        c[j] = _mm256_or_si256(c[j], _mm256_and_si256(at4, bit4));
+    }
+}
+
 template <int R, int Bits>
 void avx2_rows(const QLow<Bits>& w, const Acts& a, int64_t K, int64_t t, int64_t r0, float (*out)[16]) {
     const int64_t G = K / 32, SB = (G + w.gps - 1) / w.gps, blocks = K / 32;
@@ -425,14 +468,19 @@ void avx2_rows(const QLow<Bits>& w, const Acts& a, int64_t K, int64_t t, int64_t
 
 template <int R>
 void avx2_rows(const Q8& w, const Acts& a, int64_t K, int64_t t, int64_t r0, float (*out)[16]) {
-    const int64_t G = K / 16, SB = (G + 15) / 16, blocks = K / 32;
+    const int64_t G = K / 16, SB = (G + w.gps - 1) / w.gps, blocks = K / 32;
     const __m256i zero = _mm256_set1_epi8(char(w.zero));
     for (int h = 0; h < 2; ++h) {
         __m256 acc[R];
         for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
         __m256 d = _mm256_setzero_ps();
-        for (int64_t g = 0; g < G; ++g) {
-            if (g % 16 == 0) d = _mm256_loadu_ps(w.supers + (t * SB + g / 16) * 16 + 8 * h);
+        const float* sup = w.supers + t * SB * 16 + 8 * h;
+        for (int64_t g = 0, in_super = 0; g < G; ++g) {
+            if (in_super-- == 0) {
+                d = _mm256_loadu_ps(sup);
+                sup += 16;
+                in_super = w.gps - 1;
+            }
             const int8_t* subs = w.subs + (t * G + g) * 16 + 8 * h;
             const __m256 s = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)subs))), d);
             const uint8_t* codes = w.codes + (t * G + g) * 256 + 32 * h;
@@ -519,10 +567,17 @@ void sd_q3_linear(const void* x, int x_bf16, int64_t rows, int64_t K, int64_t N,
     linear(Q3{codes, subs, supers, gps}, x, x_bf16, rows, K, N, 0, bias, out, out_bf16, portable);
 }
 
-void sd_q8_linear(const void* x, int x_bf16, int64_t rows, int64_t K, int64_t N, const uint8_t* codes,
-                  const int8_t* subs, const float* supers, int zero, const float* bias, void* out, int out_bf16,
+// As sd_q4_linear for Q5 codes.
+void sd_q5_linear(const void* x, int x_bf16, int64_t rows, int64_t K, int64_t N, const uint8_t* codes,
+                  const uint8_t* subs, const float* supers, int64_t gps, const float* bias, void* out, int out_bf16,
                   int portable) {
-    linear(Q8{codes, subs, supers, zero}, x, x_bf16, rows, K, N, zero, bias, out, out_bf16, portable);
+    linear(Q5{codes, subs, supers, gps}, x, x_bf16, rows, K, N, 0, bias, out, out_bf16, portable);
+}
+
+void sd_q8_linear(const void* x, int x_bf16, int64_t rows, int64_t K, int64_t N, const uint8_t* codes,
+                  const int8_t* subs, const float* supers, int zero, int64_t gps, const float* bias, void* out,
+                  int out_bf16, int portable) {
+    linear(Q8{codes, subs, supers, zero, gps}, x, x_bf16, rows, K, N, zero, bias, out, out_bf16, portable);
 }
 
 }  // extern "C"

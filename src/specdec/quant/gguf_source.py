@@ -19,16 +19,18 @@ import torch
 from gguf import GGMLQuantizationType, GGUFReader, quants
 
 from ..errors import SpecdecError
-from .weights import Q4Weight, Q8Weight, q4k_split, q6k_split, q41_split, tensor_fields
+from .weights import (Q4Weight, Q8Weight, q4k_split, q5k_split, q6k_split, q40_split, q41_split, q50_split,
+                      q51_split, q80_split, tensor_fields)
 
 _LAYER = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
           "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
           "ffn_down": "mlp.down_proj"}
 
 
-# GGUF block types that are specdec's Q4 or Q8 weights as they are (quant.weights)
-EXACT = {GGMLQuantizationType.Q4_K: q4k_split, GGMLQuantizationType.Q4_1: q41_split,
-          GGMLQuantizationType.Q6_K: q6k_split}
+# GGUF block types that are specdec's Q4, Q5 or Q8 weights as they are (quant.weights)
+_T = GGMLQuantizationType
+EXACT = {_T.Q4_0: q40_split, _T.Q4_1: q41_split, _T.Q5_0: q50_split, _T.Q5_1: q51_split, _T.Q8_0: q80_split,
+         _T.Q4_K: q4k_split, _T.Q5_K: q5k_split, _T.Q6_K: q6k_split}
 
 Decoded = Q4Weight | Q8Weight | torch.Tensor
 
