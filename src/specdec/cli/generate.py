@@ -16,7 +16,7 @@ from .args import (
     method_of,
     quant_record,
 )
-from .options import at_least_one
+from .options import at_least_one, check_sampling, check_target_options
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -42,6 +42,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
     text = require_text(_prompt_text(args))
     at_least_one(args, "max_new_tokens")
+    check_sampling(args)  # every option before a model loads: a bad value is the only line printed
+    check_target_options(args)
     target, tokenizer, method, drafter = load_proposer(args, method_of(args))
     prompt = encode_prompt(tokenizer, text, raw=args.raw)
     streamer = None if args.json else Streamer(tokenizer, color=_use_color(args.color))

@@ -40,3 +40,29 @@ def at_least_one(args: argparse.Namespace, *names: str) -> None:
     for name in names:
         if getattr(args, name) < 1:
             raise SpecdecError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+
+
+def check_sampling(args: argparse.Namespace) -> None:
+    """--temperature, --top-k and --top-p checked as generation will check them, but before any
+    model loads, so a bad value is the only line printed."""
+    from ..decode.sampling import SamplingConfig
+
+    SamplingConfig(args.temperature, args.top_k, args.top_p)  # validates them
+
+
+def check_target_options(args: argparse.Namespace) -> None:
+    """--target-quant (resolved), --quant-group and --device checked for the target before it
+    loads (the loader checks them again, after the lines that say what loads)."""
+    from ..models.quant_cache import check_options
+
+    check_options(args.target_quant, args.quant_group, args.device, args.target)
+
+
+def positive_settings(args: argparse.Namespace, settings: type) -> None:
+    """Every integer option of a settings dataclass must be >= 1, named by its flag."""
+    for f in dataclasses.fields(settings):
+        if f.name in options(settings) and isinstance(f.default, int):
+            value = getattr(args, f.name)
+            if value < 1:
+                flag = f.metadata.get("flag") or f"--{f.name.replace('_', '-')}"
+                raise SpecdecError(f"{flag} must be >= 1, got {value}")
