@@ -30,6 +30,8 @@ GENERATE = ["generate", "--target", "tiny", "--draft", "tiny-draft", "--raw", "-
     (["--max-new-tokens", "0"], "--max-new-tokens must be >= 1"),
     (["--target-quant", "int4", "--quant-group", "48"], "the int4 group size must be one of"),
     (["--target-quant", "int8", "--device", "cuda"], "int8 weights run on torch's CPU kernels"),
+    (["--draft-quant", "int3", "--runtime", "hf"], "int3 weights run on specdec's native runtime only"),
+    (["--proposer", "draft:quant=int3", "--runtime", "hf"], "int3 weights run on specdec's native runtime only"),
 ])
 def test_generate_says_only_what_is_wrong(capsys, nothing_loads, extra, message):
     code = main([*GENERATE, *extra])
@@ -42,10 +44,12 @@ def test_generate_says_only_what_is_wrong(capsys, nothing_loads, extra, message)
     (["--prompts", "0"], "--prompts must be >= 1"),
     (["--tokens", "-3"], "--tokens must be >= 1"),
     (["--samples", "0"], "--samples must be >= 1"),
+    (["--proposer", "draft:k=2:quant=int3", "--runtime", "hf"], "int3 weights run on specdec's native runtime only"),
     (["--target-quant", "int4", "--quant-group", "48"], "the int4 group size must be one of"),
 ])
 def test_check_says_only_what_is_wrong(capsys, nothing_loads, extra, message):
-    code = main(["check", "--target", "tiny", "--draft", "tiny-draft", "--proposer", "lookup", *extra])
+    code = main(["check", "--target", "tiny", "--draft", "tiny-draft", *(extra if "--proposer" in extra
+                                                                         else ["--proposer", "lookup", *extra])])
     out, err = capsys.readouterr()
     assert code == 2 and out == ""
     assert err.splitlines() == [err.strip()] and message in err, err

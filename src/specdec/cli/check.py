@@ -10,7 +10,7 @@ import time
 from ..conform.check import CheckPlan
 from ..errors import SpecdecError
 from .args import add_method_args, add_model_args, load_proposer, method_of, quant_record
-from .options import add_settings, check_target_options, positive_settings, settings_of
+from .options import add_settings, check_draft_form, check_target_options, positive_settings, settings_of
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -52,6 +52,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     positive_settings(args, check.CheckPlan)
     plan = settings_of(args, check.CheckPlan)
     check_target_options(args)  # before a model loads: a bad value is the only line printed
+    check_draft_form(args, method)
     target, tokenizer, _, drafter = load_proposer(args, method)
     if drafter is None:
         raise SpecdecError("auto chose plain decoding for this setup: nothing to check; use --proposer draft or lookup")

@@ -16,7 +16,7 @@ from .args import (
     method_of,
     quant_record,
 )
-from .options import at_least_one, check_sampling, check_target_options
+from .options import at_least_one, check_draft_form, check_sampling, check_target_options
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -44,7 +44,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
     at_least_one(args, "max_new_tokens")
     check_sampling(args)  # every option before a model loads: a bad value is the only line printed
     check_target_options(args)
-    target, tokenizer, method, drafter = load_proposer(args, method_of(args))
+    asked = method_of(args)
+    check_draft_form(args, asked)
+    target, tokenizer, method, drafter = load_proposer(args, asked)
     prompt = encode_prompt(tokenizer, text, raw=args.raw)
     streamer = None if args.json else Streamer(tokenizer, color=_use_color(args.color))
     code = 0
