@@ -53,3 +53,13 @@ def test_check_says_only_what_is_wrong(capsys, nothing_loads, extra, message):
     out, err = capsys.readouterr()
     assert code == 2 and out == ""
     assert err.splitlines() == [err.strip()] and message in err, err
+
+
+def test_the_default_says_once_what_advise_may_gain(monkeypatch, tmp_path):
+    """Before any advice, the first run of the default says what advise gained where measured
+    and how long it takes; later runs do not repeat it."""
+    from specdec.tune import saved
+
+    monkeypatch.setattr(saved, "advice_dir", lambda: tmp_path / "advice")
+    first, second = saved._advise_hint_once(), saved._advise_hint_once()
+    assert "7-13 minutes" in first and "1.1x" in first and second == ""
