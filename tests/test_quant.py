@@ -17,13 +17,14 @@ from conftest import perturbed, tiny_model
 
 from specdec import DraftModel, PromptLookup, generate
 from specdec.errors import SpecdecError
+from specdec.files import WEIGHTS, cached, is_complete
 from specdec.forward import block_invariant
 from specdec.forward.linear import QuantLinear, SharedInputPart
 from specdec.models import quant_cache as qcache
 from specdec.models import quantized as qmodel
 from specdec.models.draft_quant import quantize_draft
-from specdec.models.quant_cache import cached, is_complete, quantize_model
-from specdec.models.quantized import FORMAT, quantize_weights
+from specdec.models.quant_cache import quantize_model
+from specdec.models.quantized import FORMAT, load, quantize_weights, save
 
 PROMPT = [3, 17, 42, 5, 9, 11, 3, 17, 42]
 SMOL = "smollm2-135m-instruct"
@@ -79,8 +80,8 @@ def test_a_conversion_is_written_once_then_reused(tmp_path):
     key = {"name": "m", "mode": "int4", "group": 32, "source_sha256": "ab", "format": FORMAT}
     calls = []
     folder = tmp_path / "m-int4-g32"
-    first = cached(folder, key, lambda: calls.append(1) or _weights())
-    second = cached(folder, key, lambda: calls.append(1) or _weights())
+    first = cached(folder, key, lambda: calls.append(1) or _weights(), save, load)
+    second = cached(folder, key, lambda: calls.append(1) or _weights(), save, load)
     assert calls == [1] and is_complete(folder, key)
     assert first.keys() == second.keys()
     assert all(torch.equal(first[n].codes, second[n].codes) for n in first)
@@ -92,21 +93,21 @@ def test_a_partial_or_foreign_cache_is_converted_again_and_a_damaged_one_refused
     folder = tmp_path / "m"
     calls = []
     make = lambda: calls.append(1) or _weights()
-    cached(folder, key, make)
+    cached(folder, key, make, save, load)
     marker = folder / "specdec-complete.json"
     for damage in (lambda: marker.unlink(),  # interrupted before the marker: never published so, but
                    lambda: marker.write_text(json.dumps({**json.loads(marker.read_text()), "source_sha256": "cd"})),
                    lambda: marker.write_text(json.dumps({**json.loads(marker.read_text()), "format": FORMAT + 1})),
-                   lambda: (folder / qcache.WEIGHTS).write_bytes((folder / qcache.WEIGHTS).read_bytes()[:100])):
+                   lambda: (folder / WEIGHTS).write_bytes((folder / WEIGHTS).read_bytes()[:100])):
         damage()
         assert not is_complete(folder, key)
-        cached(folder, key, make)
+        cached(folder, key, make, save, load)
         assert is_complete(folder, key)
     assert len(calls) == 5
-    size = (folder / qcache.WEIGHTS).stat().st_size
-    (folder / qcache.WEIGHTS).write_bytes(b"\xff" * size)  # same size, garbage
+    size = (folder / WEIGHTS).stat().st_size
+    (folder / WEIGHTS).write_bytes(b"\xff" * size)  # same size, garbage
     with pytest.raises(SpecdecError, match="corrupt.*delete that folder"):
-        cached(folder, key, make)
+        cached(folder, key, make, save, load)
 
 
 @pytest.mark.parametrize("kwargs, message", [

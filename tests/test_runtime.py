@@ -15,7 +15,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCau
 from specdec import DraftModel, PromptLookup, TreeDraft, generate
 from specdec.errors import SpecdecError
 from specdec.models.quantized import install
-from specdec.runtime import load_model
+from specdec.runtime import from_transformers
 from specdec.runtime.config import decoder_config
 from specdec.runtime.source import read_model
 
@@ -41,7 +41,7 @@ def tiny(kind: str = "qwen2", seed: int = 0, layers: int = 2, **extra) -> torch.
 def pair(request):
     """(transformers model, the same model on the native runtime, int4)."""
     model = tiny(request.param)
-    return model, load_model(copy.deepcopy(model), "int4", capacity=128)
+    return model, from_transformers(copy.deepcopy(model), "int4", capacity=128)
 
 
 def sequence(n: int, seed: int = 3) -> torch.Tensor:
@@ -63,7 +63,7 @@ def test_logits_match_transformers_on_the_same_quantized_weights(mode):
     one step: at most one row of the 24 per model, within 2% of the range (measured 0.8%)."""
     for kind in ("qwen2", "llama"):
         model = tiny(kind)
-        lm = load_model(copy.deepcopy(model), mode, capacity=64)
+        lm = from_transformers(copy.deepcopy(model), mode, capacity=64)
         reference = copy.deepcopy(model)
         install(reference, read_model(reference, decoder_config(reference.config), mode).linears)
         tokens = sequence(24)
@@ -114,7 +114,7 @@ def test_every_row_is_the_same_whatever_the_threads_and_the_head_grouping(kv_hea
     the thread count and the block: 1, 2 and 3 threads, groups of 4, 2 and 1 query heads, a
     decode row alone (its group split across threads), blocks and a 60-row prefill (tiled
     rows) give every row the same bits."""
-    lm = load_model(tiny(num_key_value_heads=kv_heads), "int4", capacity=64)
+    lm = from_transformers(tiny(num_key_value_heads=kv_heads), "int4", capacity=64)
     tokens = sequence(60)
     threads = torch.get_num_threads()
     try:
@@ -172,7 +172,7 @@ def test_cache_after_trims_and_prefix_reuse(pair):
 def test_saved_source_weights_load_back_bit_for_bit(tmp_path):
     """The model cache's copy of a registry model's native weights (runtime.load) is what was
     read: every code, scale, float tensor and form note the same (int4 and int3 forms)."""
-    from specdec.models.quant_cache import cached
+    from specdec.files import cached
     from specdec.runtime.source import load_source, save_source
 
     model = tiny("qwen2")
@@ -207,7 +207,7 @@ def test_the_non_finite_flag_names_the_first_bad_row():
     """nonfinite_at: -1 while every logit is finite, else the position of the first row with a
     NaN or inf (a NaN in one token's embedding row: its row and those after it see it)."""
     model = tiny(layers=2)
-    lm = load_model(copy.deepcopy(model), "int4", capacity=64)
+    lm = from_transformers(copy.deepcopy(model), "int4", capacity=64)
     tokens = torch.arange(10, 30)
     lm.forward(tokens[:12])
     assert int(lm.nonfinite_at) == -1
@@ -222,7 +222,7 @@ def test_the_cache_grows_keeping_every_bit_and_stops_at_the_models_positions(pai
     model, roomy = pair
     tokens = sequence(60)
     single = alone(roomy, tokens)
-    lm = load_model(copy.deepcopy(model), "int4", capacity=8)
+    lm = from_transformers(copy.deepcopy(model), "int4", capacity=8)
     assert torch.equal(lm.prefill(tokens[:11]), single[10:11]) and lm.decoder.capacity == 16
     assert torch.equal(lm.forward(tokens[11:20]), single[11:20]) and lm.decoder.capacity == 32
     lm.trim(18)
@@ -234,7 +234,7 @@ def test_the_cache_grows_keeping_every_bit_and_stops_at_the_models_positions(pai
     lm.keep_positions(31, [0, 1, 2, 3])
     assert torch.equal(lm.forward(tokens[35:60]), single[35:60])
     assert lm.kv_bytes(60) == 2 * 2 * 60 * 2 * 32 * 4 and lm.kv_bytes() == lm.kv_bytes(64)
-    short = load_model(tiny(max_position_embeddings=24), "int4", capacity=8)
+    short = from_transformers(tiny(max_position_embeddings=24), "int4", capacity=8)
     short.prefill(tokens[:24])
     with pytest.raises(SpecdecError, match="past the model's 24"):
         short.forward(tokens[24:25])
@@ -246,16 +246,16 @@ def test_refused_configs():
                "hidden_act": dict(hidden_act="gelu"), "head_dim": dict(num_attention_heads=8)}
     for field, extra in refused.items():
         with pytest.raises(SpecdecError, match=field):
-            load_model(tiny("llama", **extra), "int4")
+            from_transformers(tiny("llama", **extra), "int4")
     with pytest.raises(SpecdecError, match="int8, int4, int3"):
-        load_model(tiny(), "none")
+        from_transformers(tiny(), "none")
 
 
 def test_restricted_head_scores_its_ids_only():
     model = tiny()
-    full = load_model(copy.deepcopy(model), "int4", capacity=32)
+    full = from_transformers(copy.deepcopy(model), "int4", capacity=32)
     ids = torch.tensor([0, 3, 4, 17, 40, 41, 42, 90, 95])  # 9: the packed head pads to 16 rows
-    small = load_model(copy.deepcopy(model), "int4", capacity=32, head_ids=ids)
+    small = from_transformers(copy.deepcopy(model), "int4", capacity=32, head_ids=ids)
     assert small.vocab_size == 9 and torch.equal(small.head_ids, ids)
     tokens = sequence(10)
     assert torch.equal(small.prefill(tokens), full.prefill(tokens)[:, ids])
@@ -267,26 +267,26 @@ def test_an_int3_draft_runs_q3_layers_on_the_weights_its_codes_stand_for():
     the int8 activations' rounding, amplified through the layers, is 8% of the logits' range on
     this random model (int4 on it: 5.6%), so 12% bounds it; a misread code is of the range itself."""
     model = tiny(layers=3)
-    lm = load_model(copy.deepcopy(model), "int3", capacity=64)
+    lm = from_transformers(copy.deepcopy(model), "int3", capacity=64)
     w = lm.decoder.weights
     bits = {p.bits for layer in w.layers for x in (layer.qkv, layer.o, layer.gate_up, layer.down) for p in x.parts}
     assert bits == {3} and [p.bits for p in w.head.parts] == [4]
     assert all(f.startswith("Q3 rounded") for n, f in w.forms.items() if n != "lm_head")
-    assert w.nbytes() < 0.85 * load_model(copy.deepcopy(model), "int4", capacity=64).decoder.weights.nbytes()
+    assert w.nbytes() < 0.85 * from_transformers(copy.deepcopy(model), "int4", capacity=64).decoder.weights.nbytes()
     assert gap_to_dequantized(model, lm, "int3") <= 0.12
 
 
 @pytest.mark.parametrize("proposer", ["draft", "draft-head", "draft-int3", "lookup", "tree"])
 def test_greedy_speculative_equals_plain_decoding(proposer):
     model = tiny(layers=3)
-    target = load_model(copy.deepcopy(model), "int4", capacity=256)
+    target = from_transformers(copy.deepcopy(model), "int4", capacity=256)
     prompt = torch.cat([sequence(12), sequence(12)])  # repeats: prompt lookup finds n-grams
     plain = generate(target, prompt, max_new_tokens=60, eos_token_id=[], check=True).new_tokens
     head = torch.arange(0, VOCAB, 2) if proposer == "draft-head" else None
     drafter = PromptLookup(k=4) if proposer == "lookup" else None
     if drafter is None:
         mode = "int3" if proposer == "draft-int3" else "int4"
-        draft = DraftModel(load_model(perturbed(model, seed=2, scale=0.2), mode, capacity=256, head_ids=head), k=3)
+        draft = DraftModel(from_transformers(perturbed(model, seed=2, scale=0.2), mode, capacity=256, head_ids=head), k=3)
         drafter = TreeDraft(draft, width=2) if proposer == "tree" else draft
     result = generate(target, prompt, drafter=drafter, max_new_tokens=60, eos_token_id=[], check=True)
     assert result.new_tokens == plain
@@ -339,7 +339,7 @@ SMOLLM, QWEN_TARGET, QWEN_DRAFT = "smollm2-135m-instruct", "qwen2.5-coder-1.5b-i
 @pytest.fixture(scope="module")
 def natives():
     """Registry models on the native runtime, loaded once per (name, mode, head)."""
-    from specdec.runtime import load_registry
+    from specdec.runtime import load_gguf
 
     loaded = {}
 
@@ -352,7 +352,7 @@ def natives():
 
                 tokenizer = load_tokenizer(name)
                 ids = frequent_tokens(bundled_text_tokens(tokenizer), head, len(tokenizer), tokenizer.all_special_ids)
-            loaded[name, mode, head] = load_registry(name, mode, head_ids=ids)
+            loaded[name, mode, head] = load_gguf(name, mode, head_ids=ids)
         return loaded[name, mode, head]
 
     return get
@@ -441,7 +441,7 @@ def test_advise_measures_on_the_native_runtime():
     from specdec.tune.advise import AdviseSettings, run_advise
 
     model = tiny(layers=3)
-    target = load_model(copy.deepcopy(model), "int4", capacity=64)
+    target = from_transformers(copy.deepcopy(model), "int4", capacity=64)
     families = [Method("lookup", ngram=2)]
     prompts = [sequence(20, seed=s).tolist() for s in (1, 2)]
     settings = AdviseSettings(context=80, k_max=3, calibration_k=3, prompts=2, tokens=10, repeats=1, confirm=2)

@@ -23,7 +23,7 @@ from specdec.models.draft_head import bundled_text_tokens, frequent_tokens
 from specdec.models.load import load_model, load_tokenizer
 from specdec.prompts.chat import encode_prompt
 from specdec.prompts.datasets import dataset_path, read_prompts
-from specdec.runtime import load_registry
+from specdec.runtime import load_gguf
 from specdec.runtime.native import stage_seconds
 
 TARGET, DRAFT = "qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct"
@@ -119,7 +119,7 @@ def main() -> None:
     report: dict = {"cpu": cpu(), "prompt_tokens": prompt.numel()}
     if "bandwidth" in args.parts:
         report["read_GBps"] = bandwidth()
-    target = load_registry(TARGET, "int4")
+    target = load_gguf(TARGET, "int4")
     weights = target.decoder.weights
     report["target_forms"] = sorted(set(weights.forms.values()))
     if "target" in args.parts:
@@ -133,12 +133,12 @@ def main() -> None:
     if "profile" in args.parts:
         report["profile_target"] = profile(target, prompt)
     if "draft" in args.parts or "toks" in args.parts:
-        draft = load_registry(DRAFT, "int4")
+        draft = load_gguf(DRAFT, "int4")
         keep = frequent_tokens(bundled_text_tokens(tokenizer), 32768, draft.vocab_size, tokenizer.all_special_ids)
-        small = load_registry(DRAFT, "int4", head_ids=keep)
+        small = load_gguf(DRAFT, "int4", head_ids=keep)
         if "draft" in args.parts:
             drafts = {"draft_full": draft, "draft_32768": small,
-                      "draft_int3_32768": load_registry(DRAFT, "int3", head_ids=keep)}
+                      "draft_int3_32768": load_gguf(DRAFT, "int3", head_ids=keep)}
             ms = paired_steps({"target": target, **drafts}, prompt)
             report["draft"] = {"step_ms": ms, **{f"fraction{n.removeprefix('draft')}": ms[n] / ms["target"]
                                                  for n in drafts},

@@ -10,15 +10,20 @@ import json
 import os
 import re
 import shutil
+import sys
 import tempfile
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TypeVar
 
 from .errors import SpecdecError
 
 TMP_PREFIX = ".tmp-"  # temporaries in the cache: .tmp-<pid>-<random>[suffix]
+COMPLETE_MARKER = "specdec-complete.json"  # a cache folder's key, written last
+WEIGHTS = "weights.safetensors"  # the one file of a cached() folder
+T = TypeVar("T")
 
 
 def cache_root() -> Path:
@@ -115,3 +120,48 @@ def write_json_atomic(path: Path, value: dict) -> None:
 
 def write_text_atomic(path: Path, text: str) -> None:
     write_atomic(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+
+
+def cached(folder: Path, key: dict, make: Callable[[], T], write: Callable[[T, Path, dict], None],
+           read: Callable[[Path], T]) -> T:
+    """What `folder` holds if its marker matches `key`, else make(), saved there first (under a
+    temporary name, renamed into place when complete). `write(value, file, key)` and
+    `read(file)`: how the value goes to and from its one file (WEIGHTS)."""
+    if is_complete(folder, key):
+        return _read_saved(folder, read)
+    root = folder.parent
+    with exclusive(root, folder.name):  # one process converts, the others wait and read its folder
+        if is_complete(folder, key):  # another process made it while this one waited
+            return _read_saved(folder, read)
+        remove_stale_temps(root)
+        if folder.exists():
+            print(f"specdec: {folder} is incomplete or from another source or version; converting again",
+                  file=sys.stderr)
+        value = make()
+        with scratch(root, "") as tmp:
+            tmp.mkdir()
+            write(value, tmp / WEIGHTS, key)
+            marker = {**key, "weights_bytes": (tmp / WEIGHTS).stat().st_size}
+            (tmp / COMPLETE_MARKER).write_text(json.dumps(marker, indent=1))
+            remove(folder)
+            os.replace(tmp, folder)
+    return value
+
+
+def _read_saved(folder: Path, read: Callable[[Path], T]) -> T:
+    try:
+        return read(folder / WEIGHTS)
+    except Exception as err:  # safetensors raises its own error types for a damaged file
+        raise SpecdecError(f"the cached weights in {folder} are corrupt ({err}); delete that folder and "
+                           "they are converted again") from err
+
+
+def is_complete(folder: Path, key: dict) -> bool:
+    """Whether `folder` holds a finished conversion for `key` (its marker, and a weights file
+    of the recorded size)."""
+    try:
+        marker = json.loads((folder / COMPLETE_MARKER).read_text())
+        size = (folder / WEIGHTS).stat().st_size
+    except (OSError, ValueError):
+        return False
+    return {name: marker.get(name) for name in key} == key and marker.get("weights_bytes") == size

@@ -137,13 +137,13 @@ def quant_record(args: argparse.Namespace, runtime: str | None = None) -> dict:
 def load_target(args: argparse.Namespace, runtime: str | None = None):
     """The target of --target, quantized as --target-quant says, on the runtime --runtime (or
     `runtime`) picks: a transformers model or a native runtime (runtime.NativeLM); and its tokenizer."""
-    from ..models.load import load_model, load_tokenizer
-
     say_target_form(args)
     if target_runtime(args, runtime) == "native":
-        from ..runtime import load_registry
+        from ..runtime import load_gguf, tokenizer_of
 
-        return load_registry(args.target, args.target_quant), load_tokenizer(args.target, args.trust_remote_code)
+        return load_gguf(args.target, args.target_quant), tokenizer_of(args.target)
+    from ..models.load import load_model
+
     return load_model(args.target, args.dtype, args.device, args.trust_remote_code, args.target_quant,
                       args.quant_group)
 
@@ -193,21 +193,20 @@ def resolve(args: argparse.Namespace, method: Method) -> tuple[Method, str | Non
 
 
 def draft_vocabulary(args: argparse.Namespace) -> int | None:
-    """The vocabulary size in the config of --draft (a registry model or a local folder), read
-    without loading weights; None where there is no draft or no readable config (a hub id is not
-    fetched for this)."""
+    """The vocabulary size of --draft (a GGUF's metadata, a local folder's config), read without
+    loading weights; None where there is no draft or no readable config (a hub id is not fetched
+    for this)."""
     from pathlib import Path
 
+    from ..gguf import gguf_path, is_gguf, prepared
+
+    if is_gguf(args.draft):
+        return prepared(gguf_path(args.draft))[1].config.vocab
+    if not Path(args.draft).is_dir():
+        return None
     from transformers import AutoConfig
 
-    from ..models.registry import REGISTRY, converted_folder
-
-    if args.draft in REGISTRY:
-        where = converted_folder(REGISTRY[args.draft])
-    elif Path(args.draft).is_dir():
-        where = args.draft
-    else:
-        return None
+    where = args.draft
     try:
         return AutoConfig.from_pretrained(where, trust_remote_code=args.trust_remote_code).vocab_size
     except (OSError, ValueError):
@@ -254,6 +253,15 @@ def load_drafts(args: argparse.Namespace, target, tokenizer, methods: list[Metho
     return drafts
 
 
+def check_gguf_pair(args: argparse.Namespace) -> None:
+    """Where --target and --draft are both GGUF files (or registry names), refuse a draft of
+    another tokenizer before any weight loads (specdec.gguf.check_pair)."""
+    from ..gguf import check_pair, gguf_path, is_gguf, prepared
+
+    if args.draft != "none" and is_gguf(args.target) and is_gguf(args.draft):
+        check_pair(prepared(gguf_path(args.target))[1], prepared(gguf_path(args.draft))[1])
+
+
 def load_proposer(args: argparse.Namespace, method: Method):
     """Target, tokenizer, `method` (what --proposer names: method_of) with auto resolved, and its
     proposer (None: plain decoding). generate and check run this."""
@@ -263,6 +271,8 @@ def load_proposer(args: argparse.Namespace, method: Method):
     method, said = resolve(args, method)
     check_specdec(method)  # before the models load (slow)
     advice = pay_advice(args, asked, method)
+    if method.uses_draft:
+        check_gguf_pair(args)
     target, tokenizer = load_target(args)
     args.method_reason = f"auto: {said}" if said else "as --proposer says"  # generate's --json reports it
     if said:  # said once the target is known to load, so a bad name still gives a one-line error

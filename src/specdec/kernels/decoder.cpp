@@ -1,5 +1,6 @@
 // specdec's own forward of a Llama-family decoder (Llama, Qwen2, SmolLM2) over n rows in one
-// call: embedding lookup, then per layer RMSNorm, q/k/v (+ bias), rotary, K/V written into a
+// call: embedding lookup, then per layer RMSNorm, q/k/v (+ bias; Qwen3: an RMSNorm per q and k
+// head), rotary (angles from the caller's tables: Llama 3's divided frequencies), K/V written into a
 // static cache by slot, attention, o, residual, RMSNorm, gate/up, SiLU * up, down, residual;
 // then the final norm and the output layer, float32 logits. The linear layers are qgemm.cpp's
 // kernels (included below: the same tiles, the same bits as specdec.kernels.linear).
@@ -45,6 +46,7 @@ struct SdLayer {
     SdWeight o, down;
     const float *attn_norm, *mlp_norm;
     float *k_cache, *v_cache;
+    const float *q_norm, *k_norm;  // [head_dim] each, or null (no per-head norm)
 };
 
 struct SdModel {
@@ -159,7 +161,14 @@ inline void rotate(float* x, const float* c, const float* s, int64_t D) {
     }
 }
 
-// Rotary on q and k of each row, then k and v into the cache at the row's slot.
+// The per-head RMSNorm of q or k in place (one head of D values).
+inline void head_norm(float* x, const float* w, int64_t D, float eps) {
+    const float inv = 1.f / std::sqrt(dot(x, x, D) / float(D) + eps);
+    for (int64_t i = 0; i < D; ++i) x[i] = w[i] * (x[i] * inv);
+}
+
+// Rotary on q and k of each row (after their per-head norms, where the model has them), then k
+// and v into the cache at the row's slot.
 void rope_and_store(const SdModel& m, const SdLayer& L, float* qkv, int64_t rows, const int64_t* positions,
                     const int64_t* slots) {
     const int64_t D = m.head_dim, width = (m.heads + 2 * m.kv_heads) * D;
@@ -168,6 +177,10 @@ void rope_and_store(const SdModel& m, const SdLayer& L, float* qkv, int64_t rows
         float* row = qkv + r * width;
         const float* c = m.cos + positions[r] * (D / 2);
         const float* s = m.sin + positions[r] * (D / 2);
+        if (L.q_norm) {
+            for (int64_t h = 0; h < m.heads; ++h) head_norm(row + h * D, L.q_norm, D, m.eps);
+            for (int64_t h = m.heads; h < m.heads + m.kv_heads; ++h) head_norm(row + h * D, L.k_norm, D, m.eps);
+        }
         for (int64_t h = 0; h < m.heads + m.kv_heads; ++h) rotate(row + h * D, c, s, D);
         for (int64_t h = 0; h < m.kv_heads; ++h) {
             const int64_t at = (h * m.capacity + slots[r]) * D;

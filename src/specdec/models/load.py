@@ -124,11 +124,16 @@ def check_same_vocab(
 
 
 def load_tokenizer(name_or_path: str, trust_remote_code: bool = False) -> PreTrainedTokenizerBase:
-    """The tokenizer of a registry model or local folder, without its weights: what a bench of
-    endpoints alone needs to send the same prompt ids as specdec's methods."""
-    spec = REGISTRY.get(name_or_path)
-    folder = converted_folder(spec) if spec else _local_folder(name_or_path)
-    return AutoTokenizer.from_pretrained(folder, trust_remote_code=trust_remote_code, local_files_only=True)
+    """The tokenizer of a registry model, GGUF file or local folder, without its weights: what a
+    bench of endpoints alone needs to send the same prompt ids as specdec's methods. A GGUF's
+    comes from its metadata (no dense conversion)."""
+    from ..gguf import is_gguf
+    from ..runtime import tokenizer_of
+
+    if is_gguf(name_or_path):
+        return tokenizer_of(name_or_path)
+    return AutoTokenizer.from_pretrained(_local_folder(name_or_path), trust_remote_code=trust_remote_code,
+                                         local_files_only=True)
 
 
 def logit_width(model: PreTrainedModel) -> int:

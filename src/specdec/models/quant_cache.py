@@ -18,26 +18,19 @@ would cost about as much.
 
 from __future__ import annotations
 
-import json
-import os
 import sys
-from collections.abc import Callable
-from pathlib import Path
-from typing import TypeVar
 
 import torch
 from transformers import PreTrainedModel
 
 from ..errors import SpecdecError
-from ..files import cache_root, exclusive, remove, remove_stale_temps, scratch
+from ..files import cache_root, cached
 from ..forward import PREPARED_FIX, is_prepared
 from ..quant import MODES, NATIVE_ONLY
 from ..quant.weights import INT4_GROUPS, fits, q8_rtn
 from .quantized import FORMAT, Quantized, install, load, quantize_weights, save
-from .registry import COMPLETE_MARKER, REGISTRY, ModelSpec, converted_folder, gguf_file
+from .registry import REGISTRY, ModelSpec, converted_folder, gguf_file
 
-WEIGHTS = "weights.safetensors"
-T = TypeVar("T")
 GGUF_GROUP = 32  # Q4_K blocks are groups of 32
 
 
@@ -102,52 +95,7 @@ def registry_weights(spec: ModelSpec, mode: str) -> Quantized:
                                                      use_safetensors=True, local_files_only=True)
         return quantize_weights(dense, mode, gguf_file(spec.name), GGUF_GROUP)
 
-    return cached(folder, key, convert)
-
-
-def cached(folder: Path, key: dict, make: Callable[[], T], write: Callable[[T, Path, dict], None] = save,
-           read: Callable[[Path], T] = load) -> T:
-    """What `folder` holds if its marker matches `key`, else make(), saved there first (under a
-    temporary name, renamed into place when complete). `write(value, file, key)` and
-    `read(file)`: how the value goes to and from its one file (default: Quantized weights)."""
-    if is_complete(folder, key):
-        return _read_saved(folder, read)
-    root = folder.parent
-    with exclusive(root, folder.name):  # one process converts, the others wait and read its folder
-        if is_complete(folder, key):  # another process made it while this one waited
-            return _read_saved(folder, read)
-        remove_stale_temps(root)
-        if folder.exists():
-            print(f"specdec: {folder} is incomplete or from another source or version; converting again",
-                  file=sys.stderr)
-        value = make()
-        with scratch(root, "") as tmp:
-            tmp.mkdir()
-            write(value, tmp / WEIGHTS, key)
-            marker = {**key, "weights_bytes": (tmp / WEIGHTS).stat().st_size}
-            (tmp / COMPLETE_MARKER).write_text(json.dumps(marker, indent=1))
-            remove(folder)
-            os.replace(tmp, folder)
-    return value
-
-
-def _read_saved(folder: Path, read: Callable[[Path], T]) -> T:
-    try:
-        return read(folder / WEIGHTS)
-    except Exception as err:  # safetensors raises its own error types for a damaged file
-        raise SpecdecError(f"the cached weights in {folder} are corrupt ({err}); delete that folder and "
-                           "they are converted again") from err
-
-
-def is_complete(folder: Path, key: dict) -> bool:
-    """Whether `folder` holds a finished conversion for `key` (its marker, and a weights file
-    of the recorded size)."""
-    try:
-        marker = json.loads((folder / COMPLETE_MARKER).read_text())
-        size = (folder / WEIGHTS).stat().st_size
-    except (OSError, ValueError):
-        return False
-    return {name: marker.get(name) for name in key} == key and marker.get("weights_bytes") == size
+    return cached(folder, key, convert, save, load)
 
 
 def _fitted(model: PreTrainedModel, weights: Quantized) -> Quantized:

@@ -109,17 +109,20 @@ def _shared_groups(model: PreTrainedModel, weights: Quantized) -> list[tuple[lis
 
 
 def to_tensors(weights: Quantized) -> dict[str, torch.Tensor]:
-    """`weights` as named tensors for a safetensors file (4-bit codes two to a byte)."""
+    """`weights` as named tensors for a safetensors file (codes of up to 4 bits two to a byte,
+    5-bit codes a byte each)."""
     tensors: dict[str, torch.Tensor] = {}
     for name, w in weights.items():
         if isinstance(w, Q4Weight):
-            tensors |= {f"{name}.q4_codes": w.codes[:, 0::2] | (w.codes[:, 1::2] << 4),
+            codes = w.codes if w.bits > 4 else w.codes[:, 0::2] | (w.codes[:, 1::2] << 4)
+            tensors |= {f"{name}.q4_codes": codes,
                         f"{name}.q4_sub_scales": w.sub_scales, f"{name}.q4_sub_mins": w.sub_mins,
                         f"{name}.q4_scales": w.scales, f"{name}.q4_mins": w.mins,
                         f"{name}.q4_per_super": torch.tensor(w.per_super), f"{name}.q4_bits": torch.tensor(w.bits)}
         else:
             tensors |= {f"{name}.q8_codes": w.codes, f"{name}.q8_sub_scales": w.sub_scales,
-                        f"{name}.q8_scales": w.scales, f"{name}.q8_zero": torch.tensor(w.zero)}
+                        f"{name}.q8_scales": w.scales, f"{name}.q8_zero": torch.tensor(w.zero),
+                        f"{name}.q8_per_super": torch.tensor(w.per_super)}
     return {k: v.contiguous() for k, v in tensors.items()}
 
 
@@ -131,12 +134,13 @@ def from_tensors(tensors: dict[str, torch.Tensor]) -> Quantized:
         get = lambda suffix: tensors[f"{name}.{suffix}"]
         if field == "q4_codes":
             packed = tensors[key]
-            codes = torch.stack([packed & 0x0F, packed >> 4], dim=-1).reshape(packed.shape[0], -1)
             bits = int(tensors.get(f"{name}.q4_bits", torch.tensor(4)))  # files of before Q3 lack it
+            codes = packed if bits > 4 else torch.stack([packed & 0x0F, packed >> 4], dim=-1).reshape(packed.shape[0], -1)
             out[name] = Q4Weight(codes, get("q4_sub_scales"), get("q4_sub_mins"), get("q4_scales"), get("q4_mins"),
                                  int(get("q4_per_super")), bits)
         elif field == "q8_codes":
-            out[name] = Q8Weight(tensors[key], get("q8_sub_scales"), get("q8_scales"), int(get("q8_zero")))
+            per_super = int(tensors.get(f"{name}.q8_per_super", torch.tensor(16)))  # files of before Q8_0 lack it
+            out[name] = Q8Weight(tensors[key], get("q8_sub_scales"), get("q8_scales"), int(get("q8_zero")), per_super)
     return out
 
 

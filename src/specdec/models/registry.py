@@ -17,14 +17,11 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
 from tqdm import tqdm
-from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
 from ..errors import SpecdecError
-from ..files import cache_root, exclusive, remove, remove_stale_temps, scratch
+from ..files import COMPLETE_MARKER, cache_root, exclusive, remove, remove_stale_temps, scratch
 
-COMPLETE_MARKER = "specdec-complete.json"
 _CHUNK = 8 << 20
 
 
@@ -228,7 +225,11 @@ def _verify(spec: ModelSpec, size: int, sha256: str) -> None:
 
 
 def _convert(spec: ModelSpec, gguf: Path, final: Path) -> None:
-    """Dequantize the GGUF into a bfloat16 safetensors folder, published by one rename."""
+    """Dequantize the GGUF into a bfloat16 safetensors folder, published by one rename (only
+    transformers' runtime needs it: the native one reads the GGUF itself)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+
     print(f"specdec: converting {spec.name} to safetensors (about a minute, once) ...", file=sys.stderr)
     source = {"gguf_file": gguf.name, "local_files_only": True}
     # dequantize=True: keep a plain dense model even where transformers could keep GGUF blocks packed.

@@ -43,12 +43,16 @@ def kernel_path(device: str) -> str | None:
 
 def choose_form(requested: str, target: str, device: str) -> TargetForm:
     """The form `--target-quant requested` runs for this target on this device."""
+    from ..gguf import is_gguf
     from .registry import REGISTRY
 
     if requested != AUTO:
         return TargetForm(requested, "as --target-quant says")
-    if target not in REGISTRY:
+    if not is_gguf(target):
         return TargetForm("none", "auto: a local folder ships dense weights; --target-quant int4 rounds them")
+    if target not in REGISTRY:
+        return TargetForm("int4", "auto: a GGUF file runs as it is, every block kept exactly, on specdec's native "
+                                  "runtime")
     path = kernel_path(device)
     if path is None:
         return TargetForm("none", f"auto: on {device} the dense copy is the faster form (specdec's kernels are CPU-only)")

@@ -45,10 +45,11 @@ def hf_name(gguf_name: str) -> str | None:
     return None
 
 
-def linear_weights(path: Path) -> Iterator[tuple[str, str, Decoded]]:
-    """(module name, GGUF type name, weight) for every linear weight in the file: a Q4Weight for
-    Q4_K and Q4_1, a Q8Weight for Q6_K, else the float32 tensor [out, in] the blocks stand for."""
-    reader = GGUFReader(str(path))
+def linear_weights(path: Path | GGUFReader) -> Iterator[tuple[str, str, Decoded]]:
+    """(module name, GGUF type name, weight) for every linear weight in the file (or its open
+    reader): a Q4Weight or Q8Weight for the EXACT types, else the float32 tensor [out, in] the
+    blocks stand for."""
+    reader = path if isinstance(path, GGUFReader) else GGUFReader(str(path))
     for tensor in reader.tensors:
         name = hf_name(tensor.name)
         if name is None:

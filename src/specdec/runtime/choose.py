@@ -1,8 +1,8 @@
 """Which runtime a model runs on: specdec's native decoder or transformers' model (decode.lm).
 
-`auto` takes the native runtime where it runs the model as asked (a registry model of the Llama
-family, int4 or int8 weights, on the CPU) and transformers' model everywhere else (dense weights,
-GPUs, other architectures, a local folder); `native` insists and says why it cannot; `hf`
+`auto` takes the native runtime where it runs the model as asked (a GGUF file or a registry
+model, whose GGUF it reads, int4 or int8 weights, on the CPU) and transformers' model everywhere
+else (dense weights, GPUs, a local Hugging Face folder); `native` insists and says why it cannot; `hf`
 keeps transformers' model (what hf-* bench methods and the comparison with transformers'
 generate need)."""
 
@@ -30,12 +30,12 @@ def use_native(runtime: str, name: str, quant: str, device: str) -> bool:
 
 def unfit(name: str, quant: str, device: str) -> str | None:
     """Why the native runtime cannot run this model as asked, None if it can."""
-    from ..models.registry import REGISTRY
+    from ..gguf import is_gguf
 
     if quant not in NATIVE_MODES:
         return "it runs int4 or int8 weights (--target-quant / --draft-quant int4 or int8; drafts also int3)"
     if not str(device).startswith("cpu"):
         return "it runs on the CPU"
-    if name not in REGISTRY:
-        return f"it loads registry models straight from their GGUF ({', '.join(REGISTRY)}), not {name}"
+    if not is_gguf(name):
+        return f"it reads GGUF files (or registry models), not the Hugging Face folder {name}"
     return None

@@ -1,16 +1,21 @@
-"""The shapes of a Llama-family model the native decoder runs, read from its Hugging Face
-config; a config it cannot run exactly is refused by the field that rules it out."""
+"""The shapes of a Llama-family model the native decoder runs (DecoderConfig), from a GGUF
+file's metadata (specdec.gguf) or a Hugging Face config; one it cannot run exactly is refused
+by the field that rules it out. And the rotary tables those shapes give."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
-from transformers import PretrainedConfig
 
 from ..errors import SpecdecError
 
-ARCHITECTURES = {"llama": False, "qwen2": True}  # model_type -> q/k/v carry biases
+if TYPE_CHECKING:  # the GGUF path builds a DecoderConfig without importing transformers
+    from transformers import PretrainedConfig
+
+ARCHITECTURES = {"llama": False, "qwen2": True, "qwen3": False}  # model_type -> q/k/v carry biases
 
 
 @dataclass(frozen=True)
@@ -27,6 +32,33 @@ class DecoderConfig:
     qkv_bias: bool
     tied: bool  # the output layer is the embedding
     max_positions: int | None
+    rope_theta: float = 10000.0
+    qk_norm: bool = False  # an RMSNorm over each q and k head before rotary (Qwen3)
+    rope_factors: tuple[float, ...] | None = None  # per-frequency divisors (Llama 3's rope_freqs)
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, fields: dict) -> DecoderConfig:
+        factors = fields.get("rope_factors")
+        return cls(**{**fields, "rope_factors": None if factors is None else tuple(factors)})
+
+    def check(self) -> DecoderConfig:
+        """Self, or a SpecdecError naming the shape the decoder cannot take."""
+        if self.model_type not in ARCHITECTURES:
+            raise SpecdecError(f"architecture {self.model_type!r}: specdec's native runtime runs "
+                               f"{', '.join(ARCHITECTURES)} models; use --runtime hf with a Hugging Face folder")
+        if self.head_dim % 32 or self.heads % self.kv_heads:
+            raise SpecdecError(f"head_dim {self.head_dim} with {self.heads} heads and {self.kv_heads} K/V heads: the "
+                               "native runtime needs head_dim a multiple of 32 and whole groups of query heads")
+        for field in ("hidden", "inter"):
+            if getattr(self, field) % 32:
+                raise SpecdecError(f"{field} size {getattr(self, field)} is not a multiple of 32 (the kernels' blocks)")
+        if self.rope_factors is not None and len(self.rope_factors) != self.head_dim // 2:
+            raise SpecdecError(f"{len(self.rope_factors)} rotary frequency factors for head_dim {self.head_dim}; "
+                               f"expected {self.head_dim // 2}")
+        return self
 
 
 def decoder_config(config: PretrainedConfig) -> DecoderConfig:
@@ -38,16 +70,12 @@ def decoder_config(config: PretrainedConfig) -> DecoderConfig:
     _refuse(config)
     heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-    if head_dim % 32 or heads % kv_heads or heads * head_dim != config.hidden_size:
-        raise SpecdecError(f"head_dim {head_dim} with {heads} heads of hidden_size {config.hidden_size}: the "
-                           "native runtime needs head_dim a multiple of 32 and heads * head_dim = hidden_size")
-    for field in ("hidden_size", "intermediate_size"):
-        if getattr(config, field) % 32:
-            raise SpecdecError(f"{field} {getattr(config, field)} is not a multiple of 32 (the kernels' blocks)")
+    rope = getattr(config, "rope_parameters", None) or {}
+    theta = rope.get("rope_theta", getattr(config, "rope_theta", 10000.0))
     return DecoderConfig(kind, config.num_hidden_layers, config.hidden_size, heads, kv_heads, head_dim,
                          config.intermediate_size, config.vocab_size, float(config.rms_norm_eps),
                          ARCHITECTURES[kind], bool(config.tie_word_embeddings),
-                         getattr(config, "max_position_embeddings", None))
+                         getattr(config, "max_position_embeddings", None), float(theta), kind == "qwen3").check()
 
 
 def _refuse(config: PretrainedConfig) -> None:
@@ -56,7 +84,7 @@ def _refuse(config: PretrainedConfig) -> None:
     checks = {
         "hidden_act": (getattr(config, "hidden_act", "silu"), "silu"),
         "rope_parameters.rope_type": (rope.get("rope_type", "default"), "default"),
-        "attention_bias": (getattr(config, "attention_bias", False) and config.model_type == "llama", False),
+        "attention_bias": (getattr(config, "attention_bias", False) and config.model_type != "qwen2", False),
         "mlp_bias": (getattr(config, "mlp_bias", False), False),
         "use_sliding_window": (getattr(config, "use_sliding_window", False), False),
     }
@@ -65,14 +93,14 @@ def _refuse(config: PretrainedConfig) -> None:
             raise SpecdecError(f"config {field} = {value!r}: specdec's native runtime supports {wanted!r} only")
 
 
-def rotary_tables(config: PretrainedConfig, capacity: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin [capacity, head_dim / 2] float32 by position, computed by transformers' own
-    rotary module, so the angles are the ones its forward uses."""
-    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
-
-    rotary = LlamaRotaryEmbedding(config)
-    positions = torch.arange(capacity)[None]
-    probe = torch.zeros(1, dtype=torch.float32)
-    cos, sin = rotary(probe, positions)
-    half = cos.shape[-1] // 2
-    return cos[0, :, :half].float().contiguous(), sin[0, :, :half].float().contiguous()
+def rotary_tables(cfg: DecoderConfig, capacity: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin [capacity, head_dim / 2] float32 by position, with the operations of
+    transformers' default rotary module (its inverse frequencies, one float32 product per angle),
+    so the angles are the bits its forward uses; a GGUF's rope_freqs divide the frequencies, as
+    llama.cpp does for Llama 3."""
+    dim = cfg.head_dim
+    inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    if cfg.rope_factors is not None:
+        inv_freq = inv_freq / torch.tensor(cfg.rope_factors, dtype=torch.float32)
+    angles = torch.arange(capacity).float()[:, None] * inv_freq[None, :]
+    return angles.cos().contiguous(), angles.sin().contiguous()

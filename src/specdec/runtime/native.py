@@ -30,7 +30,7 @@ class _Parts(ctypes.Structure):
 
 class _Layer(ctypes.Structure):
     _fields_ = [("qkv", _Parts), ("gate_up", _Parts), ("o", _Weight), ("down", _Weight),
-                ("attn_norm", _p), ("mlp_norm", _p), ("k_cache", _p), ("v_cache", _p)]
+                ("attn_norm", _p), ("mlp_norm", _p), ("k_cache", _p), ("v_cache", _p), ("q_norm", _p), ("k_norm", _p)]
 
 
 class _Model(ctypes.Structure):
@@ -87,6 +87,10 @@ def _ptr(t: torch.Tensor) -> int:
     return t.data_ptr()
 
 
+def _optional(t: torch.Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
+
+
 Rotary = Callable[[int], tuple[torch.Tensor, torch.Tensor]]  # capacity -> cos, sin [capacity, head_dim / 2]
 
 
@@ -117,7 +121,8 @@ class Decoder:
         layers = (_Layer * cfg.layers)()
         for i, lw in enumerate(w.layers):
             layers[i] = _Layer(_parts(lw.qkv), _parts(lw.gate_up), _single(lw.o), _single(lw.down),
-                               _ptr(lw.attn_norm), _ptr(lw.mlp_norm), _ptr(k_cache[i]), _ptr(v_cache[i]))
+                               _ptr(lw.attn_norm), _ptr(lw.mlp_norm), _ptr(k_cache[i]), _ptr(v_cache[i]),
+                               _optional(lw.q_norm), _optional(lw.k_norm))
         self._layers = layers
         self.model = _Model(cfg.layers, cfg.hidden, cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.inter, capacity,
                             cfg.eps, cfg.head_dim ** -0.5, _ptr(w.embedding), _ptr(w.final_norm),

@@ -1,10 +1,11 @@
 """A Llama-family model's weights by Hugging Face name, in the forms the native decoder runs:
 linear layers as Q4/Q8 weights (quant.weights), norms, biases and the embedding as float32.
 
-From a GGUF file (read_gguf): Q4_K and Q4_1 tensors stay exact Q4 in int4 mode, Q6_K exact Q8
-in either mode (quant.gguf_source); other types are rounded, to Q4 in int4 mode and Q8 in int8
-mode, as quant.model does for today's runtime. The output layer, where rounded, is Q8 (its
-logits decide the tokens). A tied output layer is the embedding tensor in these same forms.
+From a GGUF file (read_gguf), int4 mode is the file as it is: every block type of common files
+(Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K) kept exactly in a Q4, Q5 or Q8 form
+(quant.gguf_source); a linear weight of another type (F16, F32, Q2_K, IQ...) is refused, never
+rounded. int8 mode rounds the Q4/Q5 forms to Q8 (Q8 ones stay exact). A tied output layer is the
+embedding tensor in these same forms.
 int3 mode, a draft's form, rounds every layer from what its tensor stands for: to Q3, the output
 layer to Q4 (the draft's guesses are its argmax).
 From a dense model (read_model: tests, Hugging Face folders) every layer is rounded.
@@ -19,19 +20,22 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 from gguf import GGUFReader, quants
 from safetensors import safe_open
 from safetensors.torch import save_file
-from transformers import PreTrainedModel
 
 from ..errors import SpecdecError
 from ..models.quantized import Quantized, from_tensors, quantize_weights, to_tensors
 from ..quant.gguf_source import EXACT, linear_weights, rows_unpermuted
 from ..quant.weights import Q4Weight, Q8Weight, q3_rtn, q4_rtn, q8_rtn
 from .config import DecoderConfig
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 HEAD = "lm_head"
 EMBEDDING = "model.embed_tokens.weight"
@@ -49,7 +53,8 @@ class SourceWeights:
 _DENSE = {"token_embd.weight": EMBEDDING, "output_norm.weight": "model.norm.weight"}
 _PER_LAYER = {"attn_norm.weight": "input_layernorm.weight", "ffn_norm.weight": "post_attention_layernorm.weight",
               "attn_q.bias": "self_attn.q_proj.bias", "attn_k.bias": "self_attn.k_proj.bias",
-              "attn_v.bias": "self_attn.v_proj.bias"}
+              "attn_v.bias": "self_attn.v_proj.bias", "attn_q_norm.weight": "self_attn.q_norm.weight",
+              "attn_k_norm.weight": "self_attn.k_norm.weight"}
 
 
 def _dense_name(gguf_name: str) -> str | None:
@@ -61,35 +66,41 @@ def _dense_name(gguf_name: str) -> str | None:
     return None
 
 
-def _in_mode(decoded: Q4Weight | Q8Weight | torch.Tensor, kind: str, mode: str, head: bool
+def _in_mode(decoded: Q4Weight | Q8Weight | torch.Tensor, kind: str, mode: str, name: str
              ) -> tuple[Q4Weight | Q8Weight, str]:
     """A decoded GGUF tensor in the form `mode` asks, and a note of what was done."""
     if mode == "int3":
         dense = decoded if isinstance(decoded, torch.Tensor) else decoded.dequantize()
-        return (q4_rtn(dense, 32), f"Q4 rounded from {kind}") if head else (q3_rtn(dense), f"Q3 rounded from {kind}")
+        if name == HEAD:
+            return q4_rtn(dense, 32), f"Q4 rounded from {kind}"
+        return q3_rtn(dense), f"Q3 rounded from {kind}"
     if isinstance(decoded, Q8Weight):
         return decoded, f"Q8 = {kind} (exact)"
     if isinstance(decoded, Q4Weight):
         if mode == "int4":
-            return decoded, f"Q4 = {kind} (exact)"
+            return decoded, f"Q{decoded.bits} = {kind} (exact)"
         return q8_rtn(decoded.dequantize()), f"Q8 rounded from {kind}"
-    if mode == "int4" and not head:
-        return q4_rtn(decoded, 32), f"Q4 rounded from {kind}"
+    if mode == "int4":
+        raise SpecdecError(f"{name}: a {kind} linear weight, which specdec's native runtime cannot run exactly "
+                           "(it keeps Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K); use --runtime hf, "
+                           "or --draft-quant int3 for a draft")
     return q8_rtn(decoded), f"Q8 rounded from {kind}"
 
 
-def read_gguf(path: Path, cfg: DecoderConfig, mode: str) -> SourceWeights:
-    """The weights of a GGUF file (see the module docstring)."""
+def read_gguf(path: Path | GGUFReader, cfg: DecoderConfig, mode: str) -> SourceWeights:
+    """The weights of a GGUF file or its open reader (see the module docstring)."""
+    reader = path if isinstance(path, GGUFReader) else GGUFReader(str(path))
+    path = Path(reader.data.filename) if hasattr(reader.data, "filename") else Path(str(path))
     rotary_heads = {"self_attn.q_proj": cfg.heads, "self_attn.k_proj": cfg.kv_heads}
     linears: Quantized = {}
     forms: dict[str, str] = {}
-    for name, kind, decoded in linear_weights(path):
+    for name, kind, decoded in linear_weights(reader):
         heads = rotary_heads.get(name.split(".", 3)[-1]) if cfg.model_type == "llama" else None
         if heads:  # llama.cpp interleaves a Llama model's q/k rows for its rotary layout
             decoded = rows_unpermuted(decoded, heads)
-        linears[name], forms[name] = _in_mode(decoded, kind, mode, name == HEAD)
+        linears[name], forms[name] = _in_mode(decoded, kind, mode, name)
     dense: dict[str, torch.Tensor] = {}
-    for tensor in GGUFReader(str(path)).tensors:
+    for tensor in reader.tensors:
         name = _dense_name(tensor.name)
         if name is None:
             continue
@@ -99,7 +110,7 @@ def read_gguf(path: Path, cfg: DecoderConfig, mode: str) -> SourceWeights:
         if name == EMBEDDING and cfg.tied:
             kind = tensor.tensor_type
             decoded = EXACT[kind](tensor.data, shape) if kind in EXACT else dense[name]
-            linears[HEAD], forms[HEAD] = _in_mode(decoded, f"{kind.name} (tied embedding)", mode, True)
+            linears[HEAD], forms[HEAD] = _in_mode(decoded, f"{kind.name} (tied embedding)", mode, HEAD)
     _check_complete(cfg, linears, dense, str(path))
     return SourceWeights(linears, dense, forms, str(path))
 
@@ -153,6 +164,8 @@ def _check_complete(cfg: DecoderConfig, linears: Quantized, dense: dict[str, tor
         needed += [layer + n for n in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
                                        "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj",
                                        "input_layernorm.weight", "post_attention_layernorm.weight")]
+        if cfg.qk_norm:
+            needed += [layer + f"self_attn.{p}_norm.weight" for p in "qk"]
         if cfg.qkv_bias:
             needed += [layer + f"self_attn.{p}_proj.bias" for p in "qkv"]
     missing = [n for n in needed if n not in linears and n not in dense]

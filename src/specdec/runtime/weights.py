@@ -31,6 +31,8 @@ class LayerWeights:
     down: Linear
     attn_norm: torch.Tensor
     mlp_norm: torch.Tensor
+    q_norm: torch.Tensor | None = None  # per-head norms of q and k (Qwen3)
+    k_norm: torch.Tensor | None = None
 
 
 @dataclass
@@ -52,7 +54,8 @@ class DecoderWeights:
         """Bytes of weights a forward reads: packed layers with their biases, norms; of the
         embedding only a row per token, not counted."""
         linears = [*(x for layer in self.layers for x in (layer.qkv, layer.o, layer.gate_up, layer.down)), self.head]
-        norms = [self.final_norm, *(n for layer in self.layers for n in (layer.attn_norm, layer.mlp_norm))]
+        norms = [self.final_norm, *(n for layer in self.layers
+                                    for n in (layer.attn_norm, layer.mlp_norm, layer.q_norm, layer.k_norm) if n is not None)]
         tensors = [*norms, *(b for x in linears for b in x.biases if b is not None)]
         return sum(p.nbytes() for x in linears for p in x.parts) + sum(t.numel() * t.element_size() for t in tensors)
 
@@ -64,6 +67,10 @@ def _linear(weights: list[Q4Weight | Q8Weight], biases: list[torch.Tensor | None
         bias = None if biases[0] is None else torch.cat(biases).float().contiguous()
         return Linear([pack(joined)], [bias])
     return Linear([pack(w) for w in weights], [None if b is None else b.float().contiguous() for b in biases])
+
+
+def _contiguous(t: torch.Tensor | None) -> torch.Tensor | None:
+    return None if t is None else t.contiguous()
 
 
 def _head_rows(weight: Q4Weight | Q8Weight, ids: torch.Tensor) -> Q4Weight | Q8Weight:
@@ -86,6 +93,7 @@ def build(cfg: DecoderConfig, source: SourceWeights, mode: str, head_ids: torch.
             _linear([lin[at + "mlp.gate_proj"], lin[at + "mlp.up_proj"]], [None, None]),
             _linear([lin[at + "mlp.down_proj"]], [None]),
             dense[at + "input_layernorm.weight"].contiguous(), dense[at + "post_attention_layernorm.weight"].contiguous(),
+            *(_contiguous(dense.get(f"{at}self_attn.{p}_norm.weight")) for p in "qk"),
         ))
     head = lin[HEAD]
     rows = head.codes.shape[0]
