@@ -36,14 +36,20 @@ from .verify import Verdict, verify_greedy, verify_sampling
 from .verify_tree import verify_tree
 
 # on_commit(tokens, from_draft): the tokens committed this round, of which the first
-# `from_draft` were the proposer's guesses and the rest came from the target.
-CommitCallback = Callable[[list[int], int], None]
+# `from_draft` were the proposer's guesses and the rest came from the target. A true return
+# value stops the generation after this round (finish_reason "stopped": a server's stop string
+# or a client that went away), with the round recorded as any other.
+CommitCallback = Callable[[list[int], int], bool | None]
+# on_target_logits(rows): called just before on_commit with the target's logits rows that judged
+# this round's committed tokens, row i for token i ([n, vocab], on the device): what a server's
+# logprobs are read from. Reading them changes nothing the round decides.
+LogitsCallback = Callable[[torch.Tensor], None]
 
 
 @dataclass
 class GenerationResult:
     new_tokens: list[int]
-    finish_reason: str  # "eos", "length", or "interrupted" (inside GenerationInterrupted)
+    finish_reason: str  # "eos", "length", "stopped" (on_commit asked), or "interrupted" (inside GenerationInterrupted)
     stats: GenerationStats = field(default_factory=GenerationStats)
 
 
@@ -67,6 +73,7 @@ def generate(
     seed: int | None = None,
     eos_token_id: int | Sequence[int] | None = None,
     on_commit: CommitCallback | None = None,
+    on_target_logits: LogitsCallback | None = None,
     check: bool = False,
     reuse_prefix: bool = False,
 ) -> GenerationResult:
@@ -95,11 +102,14 @@ def generate(
 
     draft_lm = drafter.draft_lm if drafter is not None else None
     models = [lm] if draft_lm is None else [lm, draft_lm]
+    stopped = False  # on_commit asked to stop
 
-    def commit(guesses: torch.Tensor, count: torch.Tensor, next_token: torch.Tensor) -> tuple[bool, int]:
+    def commit(guesses: torch.Tensor, count: torch.Tensor, next_token: torch.Tensor, judges: torch.Tensor,
+               rows: torch.Tensor) -> tuple[bool, int]:
         """Append the first `count` guesses and the target's token (up to max_new_tokens and
-        the first EOS); returns (EOS reached, count)."""
-        nonlocal length
+        the first EOS); returns (done: EOS reached or on_commit asked to stop, count).
+        rows[judges[i]] is the target's row that judged committed token i (on_target_logits)."""
+        nonlocal length, stopped
         values, from_draft = _fetch(guesses, count, next_token, models)
         values = values[: prompt.numel() + max_new_tokens - length]
         hit = next((i for i, t in enumerate(values) if t in eos), None)
@@ -107,15 +117,19 @@ def generate(
             values = values[: hit + 1]
         seq[length : length + len(values)] = torch.cat([guesses[:from_draft], next_token])[: len(values)]
         length += len(values)
-        if on_commit:
-            on_commit(values, min(from_draft, len(values)))
-        return hit is not None, from_draft
+        if on_target_logits:
+            on_target_logits(rows.index_select(0, judges[: len(values)]))
+        if on_commit and on_commit(values, min(from_draft, len(values))):
+            stopped = True
+        return hit is not None or stopped, from_draft
 
-    first = pick(lm.prefill(prompt, reuse=reuse_prefix)[-1], cfg, generator)
+    last = lm.prefill(prompt, reuse=reuse_prefix)[-1:]
+    first = pick(last[0], cfg, generator)
     if drafter is not None:
         drafter.begin(prompt, lm.vocab_size, reuse=reuse_prefix)
     clock.lap("prefill")
-    done, _ = commit(seq[:0], torch.zeros((), dtype=torch.long, device=lm.device), first)
+    zero = torch.zeros((), dtype=torch.long, device=lm.device)
+    done, _ = commit(seq[:0], zero, first, zero.view(1), last)
     clock.lap("other")
 
     def result(reason: str) -> GenerationResult:
@@ -137,7 +151,7 @@ def generate(
             clock.lap("propose")
             rows = _score(lm, seq[length - 1 : length], proposal)
             clock.lap("verify")
-            done, accepted = commit(*_accept(lm, rows, proposal, cfg, generator))
+            done, accepted = commit(*_accept(lm, rows, proposal, cfg, generator), rows)
             lm.trim(length - 1)
             if drafter is not None:
                 drafter.observe(proposal.tokens.numel(), accepted)
@@ -148,7 +162,7 @@ def generate(
             clock.lap("accept")
     except KeyboardInterrupt as interrupt:
         raise GenerationInterrupted(result("interrupted")) from interrupt
-    return result("eos" if done else "length")
+    return result("stopped" if stopped else "eos" if done else "length")
 
 
 def _fetch(
@@ -175,17 +189,21 @@ def _score(lm: Runtime, pending: torch.Tensor, proposal: Proposal) -> torch.Tens
 
 def _accept(
     lm: Runtime, rows: torch.Tensor, proposal: Proposal, cfg: SamplingConfig, generator
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The guesses in the order they would be committed, how many of them were accepted (0-d)
-    and the target's next token, all on the device. A tree's cache then keeps only the accepted
-    path after the pending token, so it holds a prefix of the committed sequence."""
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The guesses in the order they would be committed, how many of them were accepted (0-d),
+    the target's next token, and which of `rows` judged each of them in that order (the guesses,
+    then the next token), all on the device. A tree's cache then keeps only the accepted path
+    after the pending token, so it holds a prefix of the committed sequence."""
     if proposal.parents is None:
         verdict = _verify(rows, proposal, cfg, generator)
-        return proposal.tokens, verdict.accepted, verdict.next_token
+        judges = torch.arange(rows.shape[0], device=rows.device)  # row i judges guess i; row k the bonus
+        return proposal.tokens, verdict.accepted, verdict.next_token, judges
     path, next_token = verify_tree(rows, proposal, cfg, generator)
     lm.keep_positions(lm.length - proposal.tokens.numel(), path)
     count = torch.tensor(len(path), device=lm.device)
-    return proposal.tokens[torch.tensor(path, dtype=torch.long, device=lm.device)], count, next_token
+    # Node j's row is rows[1 + j]; a node is judged by its parent's row (the root's: rows[0]).
+    judges = torch.tensor([0, *(1 + node for node in path)], dtype=torch.long, device=lm.device)
+    return proposal.tokens[torch.tensor(path, dtype=torch.long, device=lm.device)], count, next_token, judges
 
 
 def _verify(rows: torch.Tensor, proposal: Proposal, cfg: SamplingConfig, generator) -> Verdict:

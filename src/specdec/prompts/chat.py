@@ -23,3 +23,17 @@ def require_text(text: str) -> str:
     if not text.strip():
         raise SpecdecError("the prompt is empty: pass --prompt TEXT or a non-empty --prompt-file")
     return text
+
+
+def encode_messages(tokenizer: PreTrainedTokenizerBase, messages: list[dict]) -> list[int]:
+    """Token ids for a conversation of {"role", "content"} messages (specdec serve's chat API),
+    ready for the assistant's reply: the model's chat template, as encode_prompt applies it to
+    one user message. A model without a template takes one user message as raw text, as
+    encode_prompt does; anything longer needs a template, or the completions API."""
+    if not getattr(tokenizer, "chat_template", None):
+        if len(messages) == 1 and messages[0]["role"] == "user":
+            return encode_prompt(tokenizer, messages[0]["content"], raw=True)
+        raise SpecdecError("this model has no chat template: send one user message, or use /v1/completions "
+                           "with the conversation formatted as the model expects")
+    encoded = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+    return list(encoded["input_ids"] if hasattr(encoded, "keys") else encoded)

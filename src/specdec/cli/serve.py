@@ -1,0 +1,112 @@
+"""`specdec serve`: an OpenAI-compatible server that decodes speculatively (specdec.serve)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+
+from ..errors import SpecdecError
+from .args import add_method_args, add_model_args, add_sampling_args
+from .options import at_least_one
+
+API_KEY_ENV = "SPECDEC_API_KEY"
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    s = sub.add_parser("serve", help="an OpenAI-compatible HTTP server that decodes speculatively",
+                       description="POST /v1/completions and /v1/chat/completions (streamed or not), GET /v1/models, "
+                                   "/health, /metrics; every reply carries its speculation figures (`timings`). "
+                                   "The sampling options are the defaults for requests that leave them out.")
+    add_model_args(s)
+    add_method_args(s, default="auto")
+    add_sampling_args(s)
+    s.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on (default: loopback only; another address prints a warning without "
+                        "--api-key)")
+    s.add_argument("--port", type=int, default=8080)
+    s.add_argument("--api-key", default=None, metavar="KEY",
+                   help=f"require `Authorization: Bearer KEY` on every route but /health (default: ${API_KEY_ENV})")
+    s.add_argument("--served-model-name", default=None, metavar="NAME",
+                   help="the model id clients name (default: --target as given)")
+    s.add_argument("--max-queue", type=int, default=16,
+                   help="requests that may wait while one decodes; more get 503 with Retry-After (default 16)")
+    s.add_argument("--max-body-bytes", type=int, default=8 << 20,
+                   help="larger request bodies get 413 (default 8 MiB)")
+    s.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
+                   help="uvicorn's log level (debug also logs every request)")
+    s.set_defaults(func=cmd_serve)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    server, worker = build_server(args)
+    warning = host_warning(args.host, server_key(args))
+    if warning:
+        print(warning, file=sys.stderr)
+    worker.start()
+    # uvicorn shuts down cleanly on SIGINT/SIGTERM, then raises the signal again for the caller:
+    # here that is the end of a normal stop, not an error.
+    previous = signal.signal(signal.SIGTERM, _stopped)
+    try:
+        server.run()
+    except (KeyboardInterrupt, _Stopped):
+        pass
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        worker.stop()
+        worker.join(30.0)
+    return 2 if worker.state == "failed" else 0
+
+
+class _Stopped(Exception):
+    pass
+
+
+def _stopped(signum, frame) -> None:
+    raise _Stopped
+
+
+def host_warning(host: str, key: str | None) -> str | None:
+    """The warning for an address beyond loopback without an API key (None: nothing to warn)."""
+    from ..serve.server import is_loopback
+
+    if is_loopback(host) or key:
+        return None
+    return (f"[specdec] warning: listening on {host} without an API key: anyone who reaches this address can use "
+            f"the model; pass --api-key KEY or set {API_KEY_ENV}")
+
+
+def server_key(args: argparse.Namespace) -> str | None:
+    return args.api_key or os.environ.get(API_KEY_ENV) or None
+
+
+def build_server(args: argparse.Namespace):
+    """The uvicorn server and the decode worker (not started) for these arguments. The models load
+    in the worker through load_proposer, as `specdec generate` loads them."""
+    from ..decode.lm import runtime_of
+    from ..serve.app import Settings
+    from ..serve.metrics import ServerMetrics
+    from ..serve.request import Defaults
+    from ..serve.server import build
+    from ..serve.worker import DecodeWorker, Loaded
+    from .args import load_proposer, method_of
+
+    from ..decode.sampling import SamplingConfig
+
+    at_least_one(args, "max_new_tokens", "max_queue", "max_body_bytes")
+    if not 0 <= args.port <= 65535:
+        raise SpecdecError(f"--port must be in 0..65535, got {args.port}")
+    SamplingConfig(args.temperature, args.top_k, args.top_p)  # the defaults' one-line errors, before loading
+    method = method_of(args)
+    defaults = Defaults(max_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+                        top_p=args.top_p, min_p=getattr(args, "min_p", None) or None, seed=args.seed)
+    name = args.served_model_name or args.target
+
+    def load() -> Loaded:
+        target, tokenizer, runs, drafter = load_proposer(args, method)  # runs: `auto` resolved
+        return Loaded(runtime_of(target, preallocate=not runs.cat), tokenizer, drafter, runs.label)
+
+    worker = DecodeWorker(load, ServerMetrics(name), name, defaults, args.max_queue)
+    settings = Settings(api_key=server_key(args), max_body_bytes=args.max_body_bytes)
+    return build(worker, settings, args.host, args.port, args.log_level), worker

@@ -1,0 +1,16 @@
+"""`specdec serve`: an OpenAI-compatible HTTP server that decodes speculatively.
+
+- errors: OpenAI-style error bodies ({"error": {message, type, param, code}}) and their statuses;
+- request: a request's JSON checked and read into a Generation (what the worker runs), every bad
+  field a 4xx error that says what to send instead;
+- text: committed tokens -> text, incrementally, with stop strings (held back while they may
+  still complete);
+- worker: the one thread that owns the models and decodes the queued requests one at a time;
+- respond: the OpenAI response and stream-chunk objects, with llama.cpp's `timings` and
+  specdec's speculation figures;
+- metrics: the Prometheus counters and histograms of /metrics;
+- app: the Starlette application (routes, API key, body limit) served by uvicorn.
+
+Nothing here imports torch, transformers or the HTTP stack at import time but the modules that
+need them (worker, app), so `specdec --help` stays fast.
+"""

@@ -1,0 +1,213 @@
+"""The Starlette application: routes, the API key, the body limit, errors as OpenAI's JSON.
+
+POST /v1/completions and /v1/chat/completions (streamed as server-sent events or not), GET
+/v1/models, /health (503 while the model loads) and /metrics (Prometheus). With an API key every
+route but /health needs `Authorization: Bearer KEY`. Whatever a client sends, the reply is JSON
+(an error body with a 4xx status where the request is at fault) and the server goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+from dataclasses import dataclass
+
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from .errors import ApiError, invalid
+from .metrics import CONTENT_TYPE
+from .request import CHAT, COMPLETIONS, read_request
+from .respond import Reply
+from .worker import DecodeWorker, Failed, Finished, Job, Tokens
+
+OPEN_PATHS = ("/health",)  # answered without the API key
+
+
+@dataclass(frozen=True)
+class Settings:
+    api_key: str | None = None
+    max_body_bytes: int = 8 << 20
+
+
+def create_app(worker: DecodeWorker, settings: Settings) -> Starlette:
+    async def completions(request: Request) -> Response:
+        return await _complete(request, COMPLETIONS)
+
+    async def chat(request: Request) -> Response:
+        return await _complete(request, CHAT)
+
+    async def _complete(request: Request, api: str) -> Response:
+        body = await _read_json(request, settings.max_body_bytes)
+        if worker.state != "ready":
+            raise worker.not_ready()
+        try:
+            generation = await run_in_threadpool(read_request, body, api, worker.model, worker.encode_text,
+                                                 worker.encode_chat)
+        except ApiError:
+            worker.metrics.reject("invalid")
+            raise
+        job = Job(generation, asyncio.get_running_loop())
+        worker.submit(job)
+        reply = Reply(generation, worker.name)
+        if generation.stream:
+            headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+            return StreamingResponse(_events(request, job, reply), media_type="text/event-stream", headers=headers)
+        return await _whole(request, job, reply)
+
+    async def models(request: Request) -> Response:
+        if worker.state != "ready":
+            raise worker.not_ready()
+        model = worker.model
+        entry = {"id": model.name, "object": "model", "created": 0, "owned_by": "specdec",
+                 "max_model_len": model.context, "meta": {"method": worker.loaded.method,
+                                                          "vocab_size": model.vocab_size}}
+        return JSONResponse({"object": "list", "data": [entry]})
+
+    async def health(request: Request) -> Response:
+        if worker.state == "ready":
+            return JSONResponse({"status": "ok"})
+        error = worker.not_ready()
+        return JSONResponse({"status": worker.state, **error.body()}, status_code=503, headers=error.headers)
+
+    async def metrics(request: Request) -> Response:
+        return Response(worker.metrics.text(), media_type=CONTENT_TYPE)
+
+    async def on_api_error(request: Request, error: ApiError) -> Response:
+        return _error_response(error)
+
+    async def on_http_error(request: Request, error: HTTPException) -> Response:
+        message = {404: f"no such route: {request.url.path} (POST /v1/completions, /v1/chat/completions; GET "
+                        "/v1/models, /health, /metrics)",
+                   405: f"{request.method} is not allowed on {request.url.path}"}.get(error.status_code, error.detail)
+        return _error_response(ApiError(error.status_code, message, code="not_found" if error.status_code == 404
+                                        else None))
+
+    async def on_crash(request: Request, error: Exception) -> Response:
+        return _error_response(ApiError(500, f"internal error: {type(error).__name__}: {error}", code="internal"))
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette):
+        yield
+        worker.stop()
+        await run_in_threadpool(worker.join, 30.0)
+
+    routes = [
+        Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/chat/completions", chat, methods=["POST"]),
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/health", health, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
+    ]
+    app = Starlette(routes=routes, lifespan=lifespan,
+                    exception_handlers={ApiError: on_api_error, HTTPException: on_http_error, Exception: on_crash})
+    if settings.api_key:
+        app.add_middleware(ApiKey, key=settings.api_key, metrics=worker.metrics)
+    return app
+
+
+class ApiKey:
+    """ASGI middleware: `Authorization: Bearer KEY` on every route but /health, else 401."""
+
+    def __init__(self, app, key: str, metrics):
+        self.app, self.key, self.metrics = app, key.encode(), metrics
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
+            return await self.app(scope, receive, send)
+        given = dict(scope["headers"]).get(b"authorization", b"")
+        scheme, _, token = given.partition(b" ")
+        if scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self.key):
+            return await self.app(scope, receive, send)
+        self.metrics.reject("unauthorized")
+        error = ApiError(401, "missing or wrong API key: send the header Authorization: Bearer KEY with the key the "
+                              "server was started with (--api-key or SPECDEC_API_KEY)", code="invalid_api_key",
+                         headers={"WWW-Authenticate": "Bearer"})
+        await _error_response(error)(scope, receive, send)
+
+
+def _error_response(error: ApiError) -> JSONResponse:
+    return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
+
+
+async def _read_json(request: Request, limit: int) -> object:
+    """The body as JSON: over `limit` bytes 413, not JSON 400."""
+    declared = request.headers.get("content-length", "")
+    too_large = ApiError(413, f"the request body is over {limit} bytes: send a shorter prompt (the server's "
+                              "--max-body-bytes)", code="request_too_large")
+    if declared.isdigit() and int(declared) > limit:
+        raise too_large
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise too_large
+        chunks.append(chunk)
+    data = b"".join(chunks)
+    if not data.strip():
+        raise invalid("the request body is empty: send a JSON object", code="invalid_json")
+    try:
+        return json.loads(data)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise invalid(f"the request body is not valid JSON ({e}): send a JSON object", code="invalid_json") from None
+
+
+async def _watch(request: Request, job: Job) -> None:
+    """Cancel the job when the client disconnects."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            job.cancel()
+            return
+
+
+async def _whole(request: Request, job: Job, reply: Reply) -> Response:
+    watcher = asyncio.create_task(_watch(request, job))
+    deltas = []
+    try:
+        while True:
+            event = await job.events.get()
+            if isinstance(event, Tokens):
+                deltas.extend(event.deltas)
+            elif isinstance(event, Finished):
+                return JSONResponse(reply.whole(event.text, deltas, event.finish, event.usage, event.timings))
+            elif isinstance(event, Failed):
+                raise event.error
+    finally:
+        watcher.cancel()
+        job.cancel()  # a no-op when it finished; stops it when this handler is cancelled
+
+
+async def _events(request: Request, job: Job, reply: Reply):
+    """The server-sent events of a streamed reply; the job is cancelled when the stream stops
+    early (the client went away)."""
+    watcher = asyncio.create_task(_watch(request, job))
+    first = True
+    try:
+        while True:
+            event = await job.events.get()
+            if isinstance(event, Tokens):
+                if event.deltas:
+                    yield _sse(reply.chunk(event.deltas, first))
+                    first = False
+            elif isinstance(event, Finished):
+                for chunk in reply.last_chunks(event.finish, event.usage, event.timings):
+                    yield _sse(chunk)
+                break
+            elif isinstance(event, Failed):
+                yield _sse(event.error.body())
+                break
+        yield b"data: [DONE]\n\n"
+    finally:
+        watcher.cancel()
+        job.cancel()
+
+
+def _sse(obj: dict) -> bytes:
+    return b"data: " + json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"

@@ -1,0 +1,303 @@
+"""A request's JSON -> Generation, what the worker decodes; every field checked, a bad one a 4xx
+ApiError that names the field and says what to send instead.
+
+Fields this server does not implement are refused when they would change the output (n > 1,
+penalties, logit_bias, echo, suffix, tools, a JSON response format), so a client never gets a
+silently different completion; fields that change nothing here (user, metadata, llama.cpp's
+cache_prompt, ...) and unknown fields are ignored, as vLLM and llama-server do. Absent sampling
+fields take the server's defaults (`specdec serve --temperature/--top-k/--top-p/--seed`,
+`--max-new-tokens` for max_tokens), so a server can be started greedy or sampling.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from .errors import ApiError, invalid
+
+COMPLETIONS, CHAT = "completions", "chat"
+MAX_LOGPROBS = 20  # alternatives per token, as vLLM's default limit
+MAX_STOPS = 16
+
+
+@dataclass(frozen=True)
+class Defaults:
+    """The server's sampling defaults (the command line's), for fields a request leaves out."""
+
+    max_tokens: int = 128
+    temperature: float = 0.0
+    top_k: int | None = None
+    top_p: float | None = None
+    min_p: float | None = None
+    seed: int | None = None
+
+
+@dataclass(frozen=True)
+class Model:
+    """What requests are checked against: the served name, the target's vocabulary (logits
+    width) and context, and whether the engine takes min_p."""
+
+    name: str
+    vocab_size: int
+    context: int | None
+    defaults: Defaults = field(default_factory=Defaults)
+    takes_min_p: bool = False
+
+
+@dataclass(frozen=True)
+class Sampling:
+    temperature: float
+    top_k: int | None
+    top_p: float | None
+    min_p: float | None
+    seed: int | None
+
+
+@dataclass(frozen=True)
+class Generation:
+    api: str  # COMPLETIONS or CHAT
+    prompt_ids: tuple[int, ...]
+    max_tokens: int
+    sampling: Sampling
+    stop: tuple[str, ...] = ()
+    stream: bool = False
+    include_usage: bool = False  # stream_options.include_usage
+    logprobs: int | None = None  # alternatives per token (0: the chosen token's only); None: no logprobs
+    ids_as_tokens: bool = False  # vLLM's return_tokens_as_token_ids: tokens spelled token_id:N
+    ignore_eos: bool = False
+
+
+# Fields that would change the output and are not implemented: refused unless they hold the
+# value that means "off". Each maps to (is it off?, what to do instead).
+_REFUSED = {
+    "n": (lambda v: v in (None, 1), "n > 1 is not supported: send n requests (each decodes on its own)"),
+    "best_of": (lambda v: v in (None, 1), "best_of > 1 is not supported: send one request per candidate"),
+    "presence_penalty": (lambda v: v in (None, 0),
+                         "presence_penalty is not supported: send 0 or leave it out (specdec keeps the target's "
+                         "own distribution exactly; penalties are not applied)"),
+    "frequency_penalty": (lambda v: v in (None, 0),
+                          "frequency_penalty is not supported: send 0 or leave it out (specdec keeps the target's "
+                          "own distribution exactly; penalties are not applied)"),
+    "repetition_penalty": (lambda v: v in (None, 1),
+                           "repetition_penalty is not supported: send 1 or leave it out"),
+    "logit_bias": (lambda v: not v, "logit_bias is not supported: leave it out"),
+    "echo": (lambda v: not v, "echo is not supported: the reply never repeats the prompt; leave it out"),
+    "suffix": (lambda v: not v, "suffix (insertion) is not supported: leave it out"),
+    "tools": (lambda v: not v, "tools are not supported: leave them out"),
+    "functions": (lambda v: not v, "functions are not supported: leave them out"),
+    "tool_choice": (lambda v: v in (None, "none"), "tool_choice is not supported: leave it out"),
+    "function_call": (lambda v: v in (None, "none"), "function_call is not supported: leave it out"),
+    "response_format": (lambda v: v is None or (isinstance(v, dict) and v.get("type") in (None, "text")),
+                        "response_format other than text is not supported: leave it out"),
+    "guided_json": (lambda v: v is None, "guided decoding is not supported: leave it out"),
+    "guided_regex": (lambda v: v is None, "guided decoding is not supported: leave it out"),
+    "grammar": (lambda v: not v, "grammars are not supported: leave it out"),
+}
+_COMPLETIONS_ONLY = {"echo", "suffix", "best_of"}  # chat has no such fields: ignored there
+
+
+def read_request(body: object, api: str, model: Model, encode_text, encode_chat) -> Generation:
+    """The Generation a completions (`api` COMPLETIONS) or chat request asks for. `encode_text(str)`
+    and `encode_chat(messages)` turn a prompt into token ids (the tokenizer's work; encode_chat
+    raises ApiError where the model cannot take the messages)."""
+    if not isinstance(body, dict):
+        raise invalid("the request body must be a JSON object", code="invalid_json")
+    _check_model(body.get("model"), model)
+    for name, (off, why) in _REFUSED.items():
+        if name in body and not off(body[name]) and not (api == CHAT and name in _COMPLETIONS_ONLY):
+            raise invalid(why, name, "unsupported_parameter")
+    if api == COMPLETIONS:
+        prompt = _completion_prompt(body, model, encode_text)
+        logprobs = _int(body, "logprobs", 0, MAX_LOGPROBS)
+    else:
+        prompt = encode_chat(_messages(body))
+        logprobs = _chat_logprobs(body)
+    if not prompt:
+        raise invalid("the prompt encodes to no tokens: send some text", "prompt" if api == COMPLETIONS else "messages",
+                      "empty_prompt")
+    max_tokens = _max_tokens(body, api, model, len(prompt))
+    stream = _bool(body, "stream", False)
+    options = body.get("stream_options")
+    if options is not None and not isinstance(options, dict):
+        raise invalid("stream_options must be an object such as {\"include_usage\": true}", "stream_options")
+    include_usage = bool(stream and options and _bool(options, "include_usage", False, "stream_options.include_usage"))
+    return Generation(
+        api=api, prompt_ids=tuple(prompt), max_tokens=max_tokens, sampling=_sampling(body, model),
+        stop=_stops(body), stream=stream, include_usage=include_usage, logprobs=logprobs,
+        ids_as_tokens=_bool(body, "return_tokens_as_token_ids", False), ignore_eos=_bool(body, "ignore_eos", False),
+    )
+
+
+def _check_model(name: object, model: Model) -> None:
+    if name is None:
+        return
+    if not isinstance(name, str):
+        raise invalid(f"model must be a string: this server serves {model.name!r}", "model")
+    if name != model.name:
+        raise ApiError(404, f"the model {name!r} does not exist here: this server serves {model.name!r} "
+                            "(GET /v1/models lists it)", "model", "model_not_found")
+
+
+def _completion_prompt(body: dict, model: Model, encode_text) -> list[int]:
+    if "prompt" not in body or body["prompt"] is None:
+        raise invalid("prompt is missing: send the text (or a list of token ids) to complete", "prompt", "missing_prompt")
+    prompt = body["prompt"]
+    if isinstance(prompt, list) and prompt and all(isinstance(p, (str, list)) for p in prompt):
+        if len(prompt) > 1:
+            raise invalid(f"a batch of {len(prompt)} prompts is not supported: send one prompt per request",
+                          "prompt", "unsupported_parameter")
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        if not prompt.strip():
+            raise invalid("the prompt is empty: send some text to complete", "prompt", "empty_prompt")
+        return list(encode_text(prompt))
+    if isinstance(prompt, list):
+        if not prompt:
+            raise invalid("the prompt is an empty list: send at least one token id", "prompt", "empty_prompt")
+        if not all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            raise invalid("prompt must be a string or a list of integer token ids", "prompt")
+        bad = next((t for t in prompt if not 0 <= t < model.vocab_size), None)
+        if bad is not None:
+            raise invalid(f"token id {bad} is outside the vocabulary: ids must lie in [0, {model.vocab_size}) "
+                          "(was the prompt encoded with this model's tokenizer?)", "prompt", "invalid_token_id")
+        return prompt
+    raise invalid("prompt must be a string or a list of integer token ids", "prompt")
+
+
+def _messages(body: dict) -> list[dict]:
+    messages = body.get("messages")
+    if messages is None:
+        raise invalid("messages is missing: send a list such as [{\"role\": \"user\", \"content\": \"...\"}]",
+                      "messages", "missing_prompt")
+    if not isinstance(messages, list) or not messages:
+        raise invalid("messages must be a non-empty list of {\"role\", \"content\"} objects", "messages",
+                      "empty_prompt")
+    out = []
+    for i, message in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(message, dict):
+            raise invalid(f"{where} must be an object with role and content", where)
+        role = message.get("role")
+        if role not in ("system", "developer", "user", "assistant", "tool"):
+            raise invalid(f"{where}.role must be system, developer, user, assistant or tool, got {role!r}",
+                          f"{where}.role")
+        out.append({"role": "system" if role == "developer" else role,
+                    "content": _content(message.get("content"), f"{where}.content", role)})
+    if not any(m["content"].strip() for m in out):
+        raise invalid("every message is empty: send some text", "messages", "empty_prompt")
+    return out
+
+
+def _content(content: object, where: str, role: str) -> str:
+    """A message's text: a string, or a list of text parts (images and audio are refused)."""
+    if content is None and role == "assistant":
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = []
+        for part in content:
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise invalid(f"{where} may hold only text parts ({{\"type\": \"text\", \"text\": ...}}): "
+                              "this model takes no images or audio", where, "unsupported_content")
+            texts.append(part["text"])
+        return "".join(texts)
+    raise invalid(f"{where} must be a string or a list of text parts", where)
+
+
+def _chat_logprobs(body: dict) -> int | None:
+    wanted = _bool(body, "logprobs", False)
+    top = _int(body, "top_logprobs", 0, MAX_LOGPROBS)
+    if top is not None and not wanted:
+        raise invalid("top_logprobs needs logprobs: true", "top_logprobs")
+    return (top or 0) if wanted else None
+
+
+def _max_tokens(body: dict, api: str, model: Model, prompt_tokens: int) -> int:
+    name = "max_completion_tokens" if api == CHAT and body.get("max_completion_tokens") is not None else "max_tokens"
+    asked = _int(body, name, None, None)
+    context = model.context
+    if context is not None and prompt_tokens >= context:
+        raise invalid(f"the prompt has {prompt_tokens} tokens but the model's context is {context}: shorten it",
+                      "messages" if api == CHAT else "prompt", "context_length_exceeded")
+    if asked is None:
+        room = context - prompt_tokens if context is not None else model.defaults.max_tokens
+        return max(1, min(model.defaults.max_tokens, room))
+    if asked < 1:
+        raise invalid(f"{name} must be >= 1, got {asked}", name)
+    if context is not None and prompt_tokens + asked > context:
+        raise invalid(f"the model's context is {context} tokens, but {prompt_tokens} in the prompt plus {name} "
+                      f"{asked} is {prompt_tokens + asked}: lower {name} to at most {context - prompt_tokens} "
+                      "or shorten the prompt", name, "context_length_exceeded")
+    return asked
+
+
+def _sampling(body: dict, model: Model) -> Sampling:
+    d = model.defaults
+    temperature = _number(body, "temperature", d.temperature)
+    if temperature < 0:
+        raise invalid(f"temperature must be >= 0 (0 means greedy), got {temperature}", "temperature")
+    top_p = _number(body, "top_p", d.top_p)
+    if top_p is not None and not 0 < top_p <= 1:
+        raise invalid(f"top_p must be in (0, 1], got {top_p}", "top_p")
+    top_k = _int(body, "top_k", None, None)
+    if top_k is None:
+        top_k = d.top_k
+    elif top_k in (0, -1):  # vLLM's and llama.cpp's spellings of "off"
+        top_k = None
+    elif top_k < 1:
+        raise invalid(f"top_k must be >= 1 (or 0 / -1: off), got {top_k}", "top_k")
+    min_p = _number(body, "min_p", d.min_p)
+    if min_p is not None and not 0 <= min_p <= 1:
+        raise invalid(f"min_p must be in [0, 1], got {min_p}", "min_p")
+    if min_p == 0:
+        min_p = None
+    if min_p is not None and not model.takes_min_p:
+        raise invalid("min_p is not supported by this build of specdec: leave it out or send 0", "min_p",
+                      "unsupported_parameter")
+    seed = _int(body, "seed", None, None)
+    return Sampling(temperature, top_k, None if top_p == 1 else top_p, min_p, d.seed if seed is None else seed)
+
+
+def _stops(body: dict) -> tuple[str, ...]:
+    stop = body.get("stop")
+    if stop is None:
+        return ()
+    stops = [stop] if isinstance(stop, str) else stop
+    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
+        raise invalid("stop must be a string or a list of strings", "stop")
+    if len(stops) > MAX_STOPS:
+        raise invalid(f"at most {MAX_STOPS} stop strings, got {len(stops)}", "stop")
+    return tuple(s for s in stops if s)
+
+
+def _bool(body: dict, name: str, default: bool, param: str | None = None) -> bool:
+    value = body.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise invalid(f"{param or name} must be true or false, got {value!r}", param or name)
+    return value
+
+
+def _number(body: dict, name: str, default):
+    value = body.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise invalid(f"{name} must be a number, got {value!r}", name)
+    return float(value)
+
+
+def _int(body: dict, name: str, low: int | None, high: int | None) -> int | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise invalid(f"{name} must be an integer, got {value!r}", name)
+    if (low is not None and value < low) or (high is not None and value > high):
+        raise invalid(f"{name} must be between {low} and {high}, got {value}", name)
+    return value

@@ -1,0 +1,145 @@
+"""The OpenAI response objects: whole replies, stream chunks, logprobs in both APIs' layouts,
+`usage`, and `timings`: llama-server's names where it has them (prompt_n, prompt_ms,
+predicted_n, predicted_ms, predicted_per_second, draft_n, draft_n_accepted), so tools that read
+llama-server read specdec, and specdec's speculation figures beside them (rounds,
+mean_accepted_length, acceptance per position, time per phase)."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass
+
+from .request import CHAT, Generation
+
+# "abort": the client went away or the server is stopping (vLLM's word for it)
+FINISH = {"eos": "stop", "stop": "stop", "length": "length", "cancelled": "abort"}
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """One returned token: its id, its own text, the target's log-probability of it, and the
+    target's most likely tokens there as (id, text, logprob), best first."""
+
+    id: int
+    token: str
+    logprob: float
+    top: tuple[tuple[int, str, float], ...] = ()
+
+
+@dataclass(frozen=True)
+class Delta:
+    """What one committed token adds to the reply: its text (may be empty: held back, or a
+    special token) and its logprobs entry (None unless asked)."""
+
+    text: str
+    logprob: TokenLogprob | None = None
+
+
+class Reply:
+    """The objects of one request's reply (ids, timestamps, layouts fixed per request)."""
+
+    def __init__(self, generation: Generation, model: str):
+        self.g, self.model = generation, model
+        self.chat = generation.api == CHAT
+        self.id = f"{'chatcmpl' if self.chat else 'cmpl'}-{uuid.uuid4().hex}"
+        self.created = int(time.time())
+        self._offset = 0  # characters of text before the next token (completions' text_offset)
+
+    def whole(self, text: str, deltas: list[Delta], finish: str, usage: dict, timings: dict) -> dict:
+        logprobs = self._logprobs(deltas) if self.g.logprobs is not None else None
+        if self.chat:
+            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": logprobs,
+                      "finish_reason": FINISH[finish]}
+        else:
+            choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": FINISH[finish]}
+        return {**self._head(False), "choices": [choice], "usage": usage, "timings": timings}
+
+    def chunk(self, deltas: list[Delta], first: bool) -> dict:
+        """One stream chunk for these tokens' text and logprobs."""
+        text = "".join(d.text for d in deltas)
+        logprobs = self._logprobs(deltas) if self.g.logprobs is not None else None
+        if self.chat:
+            delta = {"role": "assistant", "content": text} if first else {"content": text}
+            choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": None}
+        else:
+            choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": None}
+        return {**self._head(True), "choices": [choice]}
+
+    def last_chunks(self, finish: str, usage: dict, timings: dict) -> list[dict]:
+        """The chunk that says why the reply ended, with `timings` (and `usage`, unless a usage
+        chunk follows: with stream_options.include_usage, the last chunk has no choices)."""
+        end = {"index": 0, "delta": {}} if self.chat else {"index": 0, "text": ""}
+        end |= {"logprobs": None, "finish_reason": FINISH[finish]}
+        chunks = [{**self._head(True), "choices": [end], "timings": timings}]
+        if self.g.include_usage:
+            chunks.append({**self._head(True), "choices": [], "usage": usage, "timings": timings})
+        else:
+            chunks[0]["usage"] = usage
+        return chunks
+
+    def _head(self, stream: bool) -> dict:
+        kind = ("chat.completion.chunk" if stream else "chat.completion") if self.chat else "text_completion"
+        return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
+
+    def _spell(self, token_id: int, text: str) -> str:
+        return f"token_id:{token_id}" if self.g.ids_as_tokens else text
+
+    def _logprobs(self, deltas: list[Delta]) -> dict:
+        entries = [d.logprob for d in deltas if d.logprob is not None]
+        if self.chat:
+            return {"content": [self._chat_entry(e.id, e.token, e.logprob)
+                                | {"top_logprobs": [self._chat_entry(*alt) for alt in e.top]} for e in entries]}
+        offsets = []
+        for d in deltas:
+            if d.logprob is not None:
+                offsets.append(self._offset)
+            self._offset += len(d.text)
+        return {
+            "tokens": [self._spell(e.id, e.token) for e in entries],
+            "token_logprobs": [e.logprob for e in entries],
+            "top_logprobs": [{self._spell(i, t): lp for i, t, lp in (*e.top, (e.id, e.token, e.logprob))}
+                             for e in entries],
+            "text_offset": offsets,
+        }
+
+    def _chat_entry(self, token_id: int, text: str, logprob: float) -> dict:
+        return {"token": self._spell(token_id, text), "logprob": logprob, "bytes": list(text.encode("utf-8")),
+                "id": token_id}
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def timings(stats, prompt_n: int, predicted_n: int, queue_s: float, ttft_s: float | None, method: str) -> dict:
+    """One request's figures from the engine's GenerationStats. predicted_ms is the decode time
+    after the prefill, and predicted_per_second the tokens after the first over it, as `specdec
+    generate` reports decode tok/s; the prefill (prompt_ms) yields the first token."""
+    from ..decode.stats import decode_seconds
+
+    t = stats.times
+    prompt_s, decode_s = t["prefill"], decode_seconds(t)
+    return {
+        "prompt_n": prompt_n,
+        "prompt_ms": 1e3 * prompt_s,
+        "prompt_per_second": prompt_n / prompt_s if prompt_s > 0 else 0.0,
+        "predicted_n": predicted_n,
+        "predicted_ms": 1e3 * decode_s,
+        "predicted_per_second": (predicted_n - 1) / decode_s if decode_s > 0 and predicted_n > 1 else 0.0,
+        "draft_n": stats.proposed,
+        "draft_n_accepted": stats.accepted,
+        "drafts": sum(1 for n in stats.proposed_lengths if n),
+        "rounds": stats.rounds,
+        "mean_accepted_length": stats.mean_accepted_length,
+        "acceptance_rate": stats.acceptance_rate,
+        "accepted_per_position": list(stats.position_accepted),
+        "acceptance_per_position": stats.position_acceptance,
+        "target_calls": stats.target_calls,
+        "draft_calls": stats.draft_calls,
+        "phase_ms": {phase: 1e3 * seconds for phase, seconds in t.items()},
+        "queue_ms": 1e3 * queue_s,
+        "ttft_ms": None if ttft_s is None else 1e3 * ttft_s,
+        "method": method,
+    }

@@ -1,0 +1,473 @@
+"""specdec serve through the official openai client, on 127.0.0.1, with tiny random models saved
+as local folders (loaded by load_proposer, as `specdec generate` loads them): outputs equal
+generate's, logprobs are the target's, per-request figures agree with the tokens and with
+/metrics, bad input gets OpenAI-style errors, clients may leave mid-stream."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import httpx
+import openai
+import pytest
+import torch
+from conftest import perturbed, tiny_model
+from prometheus_client.parser import text_string_to_metric_families
+
+from specdec.cli import build_parser, main
+from specdec.cli.args import resolve_target_form
+
+# One character per token (AutoTokenizer loads a word-level tokenizer in these folders as Qwen2's
+# tokenizer, which keeps one-character words intact, and adds one special token); with <unk> and
+# 62 words that fills the tiny vocabulary.
+WORDS = list("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789")
+PROMPT = "a b c d e a b c"
+METHOD = "draft:k=3"
+
+
+def word_tokenizer():
+    from tokenizers import Tokenizer, pre_tokenizers
+    from tokenizers.models import WordLevel
+    from transformers import PreTrainedTokenizerFast
+
+    backend = Tokenizer(WordLevel({w: i for i, w in enumerate(["<unk>", *WORDS])}, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    return PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>")
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory) -> tuple[str, str]:
+    root = tmp_path_factory.mktemp("serve-models")
+    target = tiny_model(1)
+    for name, model in (("target", target), ("draft", perturbed(target, seed=2, scale=0.3))):
+        model.save_pretrained(root / name)
+        word_tokenizer().save_pretrained(root / name)
+    return str(root / "target"), str(root / "draft")
+
+
+def model_args(folders, *extra) -> list[str]:
+    target, draft = folders
+    return ["--target", target, "--draft", draft, "--dtype", "float32", "--runtime", "hf", "--target-quant", "none",
+            "--proposer", METHOD, *extra]
+
+
+@dataclass
+class Running:
+    url: str
+    name: str
+    worker: object
+    server: object
+
+    def client(self, **kw) -> openai.OpenAI:
+        return openai.OpenAI(base_url=f"{self.url}/v1", api_key=kw.pop("api_key", "none"), max_retries=0, **kw)
+
+    def metrics(self) -> dict:
+        """Every sample of /metrics, by name (and the label values but model_name)."""
+        text = httpx.get(f"{self.url}/metrics").text
+        out = {}
+        for family in text_string_to_metric_families(text):
+            for s in family.samples:
+                labels = tuple(v for k, v in sorted(s.labels.items()) if k != "model_name")
+                out[(s.name, *labels)] = s.value
+        return out
+
+
+def start(folders, *extra) -> Running:
+    from specdec.cli.serve import build_server
+    from specdec.serve.server import bound_socket
+
+    args = build_parser().parse_args(["serve", *model_args(folders, "--port", "0", "--log-level", "warning", *extra)])
+    resolve_target_form(args)
+    server, worker = build_server(args)
+    sock = bound_socket("127.0.0.1", 0)
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    worker.start()
+    threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True).start()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and worker.state != "failed":
+        try:
+            if httpx.get(f"{url}/health").status_code == 200:
+                return Running(url, args.target, worker, server)
+        except httpx.TransportError:
+            pass
+        time.sleep(0.05)
+    raise AssertionError(f"the server did not get ready: {worker.state} {worker.load_error}")
+
+
+def stop(running: Running) -> None:
+    running.server.should_exit = True
+    running.worker.stop()
+    running.worker.join(10)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """The tiny models decode fastest on one thread (two contend with the other tests' processes)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def served(folders):
+    running = start(folders, "--max-queue", "8")
+    yield running
+    stop(running)
+
+
+def generate_json(capsys, folders, prompt: str, tokens: int) -> dict:
+    assert main(["generate", *model_args(folders), "--prompt", prompt, "--max-new-tokens", str(tokens), "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def check_timings(t: dict, completion_tokens: int, k: int = 3) -> None:
+    assert t["predicted_n"] == completion_tokens
+    assert 0 <= t["draft_n_accepted"] <= t["draft_n"] <= t["rounds"] * k
+    assert t["drafts"] <= t["rounds"]
+    assert sum(t["accepted_per_position"]) == t["draft_n_accepted"]
+    assert t["mean_accepted_length"] == pytest.approx((t["draft_n_accepted"] + t["rounds"]) / t["rounds"])
+    assert t["method"] == METHOD and t["prompt_n"] > 0 and t["prompt_ms"] > 0
+
+
+# --- output ----------------------------------------------------------------------------------
+
+
+def test_greedy_completion_equals_generate(served, folders, capsys):
+    expected = generate_json(capsys, folders, PROMPT, 24)
+    client = served.client()
+    whole = client.completions.create(model=served.name, prompt=PROMPT, max_tokens=24, temperature=0, logprobs=1)
+    choice = whole.choices[0]
+    assert choice.text == expected["text"] and choice.finish_reason == "length"
+    assert whole.usage.completion_tokens == 24 == len(expected["new_tokens"])
+    check_timings(whole.model_extra["timings"], 24)
+    streamed = list(client.completions.create(model=served.name, prompt=PROMPT, max_tokens=24, temperature=0,
+                                              stream=True, stream_options={"include_usage": True}))
+    assert "".join(c.choices[0].text for c in streamed if c.choices) == expected["text"]
+    assert streamed[-1].usage.completion_tokens == 24 and not streamed[-1].choices
+    check_timings(streamed[-1].model_extra["timings"], 24)
+    # the same prompt as token ids, with vLLM's token_id:N spelling: the ids themselves
+    ids = httpx.post(f"{served.url}/v1/completions", json={
+        "model": served.name, "prompt": expected_prompt_ids(folders), "max_tokens": 24, "temperature": 0,
+        "logprobs": 0, "return_tokens_as_token_ids": True}).json()
+    assert [int(t.split(":")[1]) for t in ids["choices"][0]["logprobs"]["tokens"]] == expected["new_tokens"]
+
+
+def expected_prompt_ids(folders) -> list[int]:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(folders[0])(PROMPT)["input_ids"]
+
+
+def test_chat_streamed_and_not(served, folders, capsys):
+    expected = generate_json(capsys, folders, PROMPT, 16)  # generate applies the chat template (none here)
+    client = served.client()
+    messages = [{"role": "user", "content": PROMPT}]
+    whole = client.chat.completions.create(model=served.name, messages=messages, max_tokens=16, temperature=0)
+    assert whole.choices[0].message.content == expected["text"] and whole.choices[0].message.role == "assistant"
+    check_timings(whole.model_extra["timings"], whole.usage.completion_tokens)
+    chunks = list(client.chat.completions.create(model=served.name, messages=messages, max_tokens=16, temperature=0,
+                                                 stream=True))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == expected["text"]
+    last = chunks[-1]
+    assert last.choices[0].finish_reason == "length"
+    assert last.usage.completion_tokens == 16
+    check_timings(last.model_extra["timings"], 16)
+
+
+def test_logprobs_are_the_targets(served, folders):
+    """Each returned token's logprob and alternatives are the target's own (log-softmax of its
+    logits after the prompt and the tokens before), greedy tokens its top-1."""
+    from transformers import AutoModelForCausalLM
+
+    reply = served.client().chat.completions.create(
+        model=served.name, messages=[{"role": "user", "content": PROMPT}], max_tokens=12, temperature=0,
+        logprobs=True, top_logprobs=3)
+    entries = reply.choices[0].logprobs.content
+    assert len(entries) == 12
+    model = AutoModelForCausalLM.from_pretrained(folders[0], dtype=torch.float32)
+    ids = expected_prompt_ids(folders) + [e.model_extra["id"] for e in entries]
+    with torch.no_grad():
+        logp = torch.log_softmax(model(torch.tensor([ids])).logits[0].float(), -1)
+    start = len(ids) - len(entries) - 1
+    for i, e in enumerate(entries):
+        row = logp[start + i]
+        assert e.logprob == pytest.approx(row[e.model_extra["id"]].item(), abs=1e-4)
+        assert [a.model_extra["id"] for a in e.top_logprobs] == row.topk(3).indices.tolist()
+        assert e.top_logprobs[0].model_extra["id"] == e.model_extra["id"]  # greedy: the best token
+
+
+def test_sampling_with_seed_repeats(served):
+    client = served.client()
+    ask = lambda: client.completions.create(model=served.name, prompt=PROMPT, max_tokens=20, temperature=0.9,
+                                            top_p=0.9, seed=7, extra_body={"top_k": 20}).choices[0].text
+    assert ask() == ask()
+
+
+def test_stop_string(served):
+    client = served.client()
+    full = client.completions.create(model=served.name, prompt=PROMPT, max_tokens=24, temperature=0).choices[0].text
+    assert len(full) == 24  # one character per token (the decode joins them)
+    stop = full[10:12]
+    cut = full.index(stop)
+    reply = client.completions.create(model=served.name, prompt=PROMPT, max_tokens=24, temperature=0, stop=[stop])
+    assert reply.choices[0].text == full[:cut] and reply.choices[0].finish_reason == "stop"
+    check_timings(reply.model_extra["timings"], reply.usage.completion_tokens)
+    assert reply.usage.completion_tokens == cut + 2  # up to the token that completed the stop string
+    streamed = client.completions.create(model=served.name, prompt=PROMPT, max_tokens=24, temperature=0,
+                                         stop=stop, stream=True)
+    assert "".join(c.choices[0].text for c in streamed if c.choices) == full[:cut]
+
+
+# --- metrics ---------------------------------------------------------------------------------
+
+
+def test_metrics_grow_by_one_request(served):
+    before = served.metrics()
+    reply = served.client().completions.create(model=served.name, prompt=PROMPT, max_tokens=30, temperature=0)
+    after = served.metrics()
+    t = reply.model_extra["timings"]
+    grew = lambda name, *labels: after.get((name, *labels), 0) - before.get((name, *labels), 0)
+    assert grew("specdec:requests_total", "length") == 1
+    assert grew("specdec:prompt_tokens_total") == reply.usage.prompt_tokens
+    assert grew("specdec:generation_tokens_total") == reply.usage.completion_tokens == 30
+    assert grew("specdec:spec_decode_num_draft_tokens_total") == t["draft_n"]
+    assert grew("specdec:spec_decode_num_accepted_tokens_total") == t["draft_n_accepted"]
+    assert grew("specdec:spec_decode_num_drafts_total") == t["drafts"]
+    assert grew("specdec:spec_decode_num_rounds_total") == t["rounds"]
+    for position, count in enumerate(t["accepted_per_position"]):
+        assert grew("specdec:spec_decode_num_accepted_tokens_per_pos_total", str(position)) == count
+    assert grew("specdec:time_to_first_token_seconds_count") == 1
+    assert grew("specdec:inter_token_latency_seconds_count") == 29
+    assert after[("specdec:num_requests_running",)] == 0
+
+
+def test_models_and_health(served):
+    models = served.client().models.list()
+    assert [m.id for m in models.data] == [served.name]
+    assert httpx.get(f"{served.url}/health").json() == {"status": "ok"}
+
+
+# --- bad input -------------------------------------------------------------------------------
+
+BAD = [
+    ("completions", {"prompt": PROMPT, "max_tokens": 0}, 400, "max_tokens must be >= 1"),
+    ("completions", {"prompt": PROMPT, "max_tokens": -3}, 400, "max_tokens must be >= 1"),
+    ("completions", {"prompt": PROMPT, "temperature": -0.5}, 400, "temperature must be >= 0"),
+    ("completions", {"prompt": PROMPT, "top_p": 0}, 400, "top_p must be in (0, 1]"),
+    ("completions", {"prompt": PROMPT, "top_p": 1.5}, 400, "top_p must be in (0, 1]"),
+    ("completions", {"prompt": PROMPT, "n": 2}, 400, "n > 1 is not supported"),
+    ("completions", {"prompt": PROMPT, "presence_penalty": 0.5}, 400, "presence_penalty is not supported"),
+    ("completions", {"prompt": PROMPT, "frequency_penalty": 1}, 400, "frequency_penalty is not supported"),
+    ("completions", {"prompt": PROMPT, "logit_bias": {"3": 5}}, 400, "logit_bias is not supported"),
+    ("completions", {"prompt": ""}, 400, "the prompt is empty"),
+    ("completions", {"prompt": "   "}, 400, "the prompt is empty"),
+    ("completions", {"prompt": []}, 400, "empty list"),
+    ("completions", {"max_tokens": 3}, 400, "prompt is missing"),
+    ("completions", {"prompt": [1, 2, 64]}, 400, "token id 64 is outside the vocabulary"),
+    ("completions", {"prompt": [1, -1]}, 400, "outside the vocabulary"),
+    ("completions", {"prompt": ["a b", "c d"]}, 400, "send one prompt per request"),
+    ("completions", {"prompt": " ".join(["a"] * 600)}, 400, "context is 512"),
+    ("completions", {"prompt": PROMPT, "max_tokens": 600}, 400, "lower max_tokens to at most"),
+    ("completions", {"prompt": PROMPT, "model": "gpt-4"}, 404, "does not exist"),
+    ("completions", {"prompt": PROMPT, "stop": 5}, 400, "stop must be a string"),
+    ("completions", {"prompt": PROMPT, "temperature": "hot"}, 400, "temperature must be a number"),
+    ("completions", {"prompt": PROMPT, "logprobs": 50}, 400, "logprobs must be between"),
+    ("chat/completions", {"messages": []}, 400, "messages must be a non-empty list"),
+    ("chat/completions", {"prompt": PROMPT}, 400, "messages is missing"),
+    ("chat/completions", {"messages": [{"role": "user", "content": " "}]}, 400, "every message is empty"),
+    ("chat/completions", {"messages": [{"role": "wizard", "content": "a"}]}, 400, "role must be"),
+    ("chat/completions", {"messages": [{"role": "system", "content": "a"}, {"role": "user", "content": "b"}]}, 400,
+     "no chat template"),
+    ("chat/completions", {"messages": [{"role": "user", "content": "a"}], "top_logprobs": 2}, 400,
+     "top_logprobs needs logprobs"),
+    ("chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}, 400,
+     "only text parts"),
+]
+
+
+@pytest.mark.parametrize("path,body,status,message", BAD, ids=[m for *_, m in BAD])
+def test_bad_input_gets_an_openai_error(served, path, body, status, message):
+    reply = httpx.post(f"{served.url}/v1/{path}", json={"model": served.name, **body} if "model" not in body else body)
+    assert reply.status_code == status, reply.text
+    error = reply.json()["error"]
+    assert message in error["message"] and set(error) == {"message", "type", "param", "code"}
+
+
+def test_malformed_requests(served):
+    for content in (b"{not json", b"", b"[1, 2]", "\u00e9".encode("latin-1")):
+        reply = httpx.post(f"{served.url}/v1/completions", content=content)
+        assert reply.status_code == 400 and reply.json()["error"]["code"] == "invalid_json", content
+    assert httpx.post(f"{served.url}/v1/completions", content=b"x" * (9 << 20)).status_code == 413
+    assert httpx.get(f"{served.url}/v1/nothing").json()["error"]["code"] == "not_found"
+    assert httpx.get(f"{served.url}/v1/completions").status_code == 405
+    # the openai client raises its own error classes from these statuses
+    with pytest.raises(openai.BadRequestError, match="max_tokens must be >= 1"):
+        served.client().completions.create(model=served.name, prompt=PROMPT, max_tokens=0)
+    with pytest.raises(openai.NotFoundError):
+        served.client().completions.create(model="nope", prompt=PROMPT)
+    assert served.client().completions.create(model=served.name, prompt=PROMPT, max_tokens=2).usage.completion_tokens
+
+
+# --- clients that leave, load ----------------------------------------------------------------
+
+
+@pytest.fixture
+def slow_rounds(served, monkeypatch):
+    """Each proposal takes 10 ms longer, so a 400-token request runs for seconds."""
+    drafter = served.worker.loaded.drafter
+    propose = drafter.propose
+
+    def slow(*a, **kw):
+        time.sleep(0.01)
+        return propose(*a, **kw)
+
+    monkeypatch.setattr(drafter, "propose", slow)
+
+
+def test_disconnect_mid_stream_stops_the_generation(served, slow_rounds):
+    before = served.metrics()
+    body = {"model": served.name, "prompt": PROMPT, "max_tokens": 400, "temperature": 0, "stream": True}
+    with httpx.stream("POST", f"{served.url}/v1/completions", json=body) as reply:
+        for line in reply.iter_lines():
+            if line.startswith("data: {"):
+                break  # one chunk read, then the connection closes
+    deadline = time.monotonic() + 10
+    while served.metrics().get(("specdec:requests_total", "cancelled"), 0) == before.get(
+            ("specdec:requests_total", "cancelled"), 0):
+        assert time.monotonic() < deadline, "the generation did not stop"
+        time.sleep(0.05)
+    generated = served.metrics()[("specdec:generation_tokens_total",)] - before[("specdec:generation_tokens_total",)]
+    assert 0 < generated < 400
+    reply = served.client().completions.create(model=served.name, prompt=PROMPT, max_tokens=5)
+    assert reply.usage.completion_tokens == 5
+
+
+def test_soak_some_cancelled(served):
+    """40 requests, 4 at a time, a quarter of them streams closed after the first chunk: every one
+    is answered or cancelled, the server serves the next, and the request counter counts them all."""
+    before = served.metrics()
+    client = served.client(timeout=60)
+
+    def one(i: int) -> str:
+        if i % 4 == 3:
+            stream = client.completions.create(model=served.name, prompt=PROMPT, max_tokens=60, stream=True,
+                                               temperature=0)
+            next(iter(stream))
+            stream.close()
+            return "left"
+        if i % 2:
+            reply = client.chat.completions.create(model=served.name, messages=[{"role": "user", "content": PROMPT}],
+                                                   max_tokens=8 + i % 5, temperature=0.7, seed=i)
+        else:
+            reply = client.completions.create(model=served.name, prompt=PROMPT, max_tokens=8 + i % 5)
+        assert reply.usage.completion_tokens == 8 + i % 5
+        return "answered"
+
+    with ThreadPoolExecutor(4) as pool:
+        outcomes = list(pool.map(one, range(40)))
+    assert outcomes.count("answered") == 30
+    deadline = time.monotonic() + 10
+    ended = lambda: sum(served.metrics().get(("specdec:requests_total", o), 0) - before.get(
+        ("specdec:requests_total", o), 0) for o in ("stop", "length", "cancelled", "error"))
+    while ended() < 40:
+        assert time.monotonic() < deadline, f"{ended()} of 40 requests ended"
+        time.sleep(0.05)
+    assert served.metrics()[("specdec:requests_total", "error")] == before[("specdec:requests_total", "error")]
+    assert httpx.get(f"{served.url}/health").status_code == 200
+
+
+# --- the worker's queue, the API key -----------------------------------------------------------
+
+
+def test_full_queue_is_503_with_retry_after():
+    import asyncio
+
+    from specdec.serve.errors import ApiError
+    from specdec.serve.metrics import ServerMetrics
+    from specdec.serve.request import Defaults, Generation, Sampling
+    from specdec.serve.worker import DecodeWorker, Job
+
+    worker = DecodeWorker(lambda: None, ServerMetrics("m"), "m", Defaults(), max_queue=2)
+    worker.state = "ready"  # never started: jobs stay queued
+    loop = asyncio.new_event_loop()
+    job = lambda: Job(Generation("completions", (1,), 4, Sampling(0.0, None, None, None, None)), loop)
+    worker.submit(job())
+    worker.submit(job())
+    with pytest.raises(ApiError) as full:
+        worker.submit(job())
+    assert full.value.status == 503 and int(full.value.headers["Retry-After"]) >= 1
+    assert "2 requests are waiting" in full.value.message
+    loop.close()
+
+
+def test_api_key(folders):
+    running = start(folders, "--api-key", "sesame")
+    try:
+        with pytest.raises(openai.AuthenticationError, match="missing or wrong API key"):
+            running.client(api_key="wrong").completions.create(model=running.name, prompt=PROMPT, max_tokens=2)
+        assert httpx.post(f"{running.url}/v1/completions", json={"prompt": PROMPT}).status_code == 401
+        assert httpx.get(f"{running.url}/metrics").status_code == 401
+        assert httpx.get(f"{running.url}/health").status_code == 200  # open without the key
+        reply = running.client(api_key="sesame").completions.create(model=running.name, prompt=PROMPT, max_tokens=3)
+        assert reply.usage.completion_tokens == 3
+        assert httpx.get(f"{running.url}/metrics", headers={"Authorization": "Bearer sesame"}).status_code == 200
+    finally:
+        stop(running)
+
+
+def test_text_stream_holds_back_a_stop_string_across_tokens():
+    from specdec.serve.text import TextStream
+
+    class Chars:  # token i is the character chr(i)
+        def decode(self, tokens, skip_special_tokens=True):
+            return "".join(chr(t) for t in tokens)
+
+    stream = TextStream(Chars(), stops=("END",))
+    out = [stream.push(ord(c)) for c in "abEN"]
+    assert out == ["a", "b", "", ""]  # "EN" may start END
+    assert stream.push(ord("D")) == "" and stream.stopped
+    stream = TextStream(Chars(), stops=("END",))
+    assert "".join(stream.push(ord(c)) for c in "xENy") + stream.finish() == "xENy" and not stream.stopped
+
+
+# --- the engine's hooks the server decodes with ------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["plain", "chain", "tree"])
+def test_engine_hands_the_rows_that_judged_each_token(kind):
+    """on_target_logits gives, for every committed token, the target's row that chose it: greedy,
+    its argmax is the token (chain and tree verification alike); the output is unchanged."""
+    from specdec import DraftModel, generate
+    from specdec.proposers.tree import TreeDraft
+
+    target = tiny_model(1)
+    draft = perturbed(tiny_model(1), seed=2, scale=0.3)
+    prompt = list(range(1, 12))
+    plain = generate(target, prompt, max_new_tokens=30, eos_token_id=[]).new_tokens
+    drafter = {"plain": None, "chain": DraftModel(draft, 3), "tree": TreeDraft(DraftModel(draft, 3), width=2)}[kind]
+    rows, committed = [], []
+    result = generate(target, prompt, drafter=drafter, max_new_tokens=30, eos_token_id=[],
+                      on_target_logits=rows.append, on_commit=lambda tokens, _: committed.append(tokens))
+    assert result.new_tokens == plain
+    assert [r.shape[0] for r in rows] == [len(c) for c in committed]
+    assert torch.cat(rows).argmax(-1).tolist() == plain
+    if kind != "plain":
+        assert result.stats.accepted > 0
+
+
+def test_engine_stops_when_on_commit_asks():
+    from specdec import DraftModel, generate
+
+    target = tiny_model(1)
+    calls = []
+    result = generate(target, list(range(1, 12)), drafter=DraftModel(perturbed(tiny_model(1), 2, 0.3), 3),
+                      max_new_tokens=30, eos_token_id=[], on_commit=lambda tokens, _: calls.append(tokens) or
+                      len(calls) == 3)
+    assert result.finish_reason == "stopped" and len(calls) == 3
+    assert result.new_tokens == [t for c in calls for t in c] and result.stats.rounds == 2

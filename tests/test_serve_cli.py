@@ -1,0 +1,84 @@
+"""`specdec serve` as users run it: a subprocess on 127.0.0.1 with the API key from the
+environment, answered by the official openai client, stopped by SIGTERM with exit status 0; the
+command's module loads no HTTP stack before it runs."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import openai
+import pytest
+from test_serve import PROMPT, folders, model_args  # noqa: F401 - the module fixture is shared
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_serve_subprocess_key_from_env_and_sigterm(folders):  # noqa: F811
+    port = free_port()
+    env = {**os.environ, "SPECDEC_API_KEY": "from-env"}
+    command = [sys.executable, "-m", "specdec.cli", "serve", *model_args(folders), "--port", str(port)]
+    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert process.poll() is None, process.stdout.read()
+            try:
+                health = httpx.get(f"{url}/health")
+                if health.status_code == 200:
+                    break
+                assert health.status_code == 503 and health.json()["status"] == "loading"
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "no answer from specdec serve"
+            time.sleep(0.2)
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="from-env", max_retries=0)
+        reply = client.completions.create(model=folders[0], prompt=PROMPT, max_tokens=6, temperature=0)
+        assert reply.usage.completion_tokens == 6 and reply.model_extra["timings"]["predicted_n"] == 6
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=f"{url}/v1", api_key="nope", max_retries=0).models.list()
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            out, _ = process.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            raise
+    assert process.returncode == 0, out
+    assert "Finished server process" in out
+
+
+def test_a_model_that_does_not_load_ends_the_server(folders, tmp_path):  # noqa: F811
+    command = [sys.executable, "-m", "specdec.cli", "serve", *model_args(folders), "--target", str(tmp_path / "none"),
+               "--port", str(free_port())]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert "specdec: error: the model did not load" in done.stderr
+
+
+def test_warning_beyond_loopback_without_a_key():
+    from specdec.cli.serve import host_warning
+
+    assert host_warning("127.0.0.1", None) is None and host_warning("localhost", None) is None
+    assert host_warning("::1", None) is None and host_warning("0.0.0.0", "key") is None
+    assert "without an API key" in host_warning("0.0.0.0", None)
+    assert "without an API key" in host_warning("192.168.1.5", None)
+
+
+def test_command_module_is_light():
+    code = ("import sys, specdec.cli.serve; "
+            "print(sorted(m for m in ('starlette', 'uvicorn', 'specdec.serve.app') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
