@@ -70,6 +70,7 @@ def generate(
     temperature: float = 0.0,
     top_k: int | None = None,
     top_p: float | None = None,
+    min_p: float = 0.0,
     seed: int | None = None,
     eos_token_id: int | Sequence[int] | None = None,
     on_commit: CommitCallback | None = None,
@@ -80,12 +81,15 @@ def generate(
     """Generate up to `max_new_tokens` tokens from `target`, speculatively when `drafter` is
     given; the output is the target's own (greedy: same tokens; sampling: same distribution).
 
+    Sampling (temperature > 0) keeps, of the logits divided by the temperature, the top_k
+    largest, then the nucleus of mass top_p, then the tokens with p >= min_p * max p (0: off),
+    as specdec.decode.sampling says.
     `eos_token_id=None` takes the model's generation config; pass [] to never stop early.
     `check=True` also asserts every cache layer's length each round (debug mode).
     `reuse_prefix=True` keeps the part of a passed-in runtime's (and the draft's) cache that
     already holds the prompt's prefix, so runs over one long context prefill it once.
     """
-    cfg = SamplingConfig(temperature, top_k, top_p)
+    cfg = SamplingConfig(temperature, top_k, top_p, min_p)
     lm = runtime_of(target)
     prompt = _prompt_tensor(input_ids, lm)
     if max_new_tokens < 1:
