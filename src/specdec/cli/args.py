@@ -85,7 +85,22 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument("--top-k", type=int, default=None)
     p.add_argument("--top-p", type=float, default=None)
+    p.add_argument("--min-p", type=_min_p, default=0.0, metavar="P",
+                   help="keep the tokens at least P times as likely as the most likely one (llama.cpp's "
+                        "min-p; 0 = off, its default chain uses 0.05)")
     p.add_argument("--seed", type=int, default=None)
+
+
+def _min_p(text: str) -> float:
+    """--min-p's value: a number in [0, 1), or argparse's error that says what to give."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(
+            f"must be a number in [0, 1), got {text!r}: 0 turns min-p off, 0.05 is llama.cpp's default")
+    return value
 
 
 def draft_flags(args: argparse.Namespace) -> Flags:
