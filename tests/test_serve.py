@@ -314,6 +314,28 @@ def test_malformed_requests(served):
     assert served.client().completions.create(model=served.name, prompt=PROMPT, max_tokens=2).usage.completion_tokens
 
 
+
+FIELDS = ["model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k",
+          "min_p", "seed", "stop", "stream", "stream_options", "logprobs", "top_logprobs", "n", "presence_penalty",
+          "echo", "logit_bias", "response_format", "return_tokens_as_token_ids", "ignore_eos", "user"]
+ODD_VALUES = [None, "x", -1, 1.5, 10**12, [1, "a"], {"a": 1}, True]
+CHAT_FIELDS = ["messages", "max_completion_tokens", "logprobs", "top_logprobs", "response_format"]
+
+
+def test_no_field_value_breaks_the_server(served):
+    """Every field with values of every JSON type: the answer is 200 or a 4xx error, never a 500."""
+    http = httpx.Client(timeout=30)
+    for api, base in (("completions", {"prompt": "a b"}), ("chat/completions", {"messages": [
+            {"role": "user", "content": "a b"}]})):
+        for name in FIELDS if api == "completions" else CHAT_FIELDS:
+            for value in ODD_VALUES:
+                body = {"model": served.name, "max_tokens": 1, **base, name: value}
+                reply = http.post(f"{served.url}/v1/{api}", json=body)
+                assert reply.status_code in (200, 400, 404), (api, name, value, reply.text)
+                if reply.status_code != 200:
+                    assert reply.json()["error"]["message"], (api, name, value)
+    assert httpx.get(f"{served.url}/health").status_code == 200
+
 # --- clients that leave, load ----------------------------------------------------------------
 
 
@@ -381,6 +403,29 @@ def test_soak_some_cancelled(served):
     assert served.metrics()[("specdec:requests_total", "error")] == before[("specdec:requests_total", "error")]
     assert httpx.get(f"{served.url}/health").status_code == 200
 
+
+
+def test_shutdown_ends_a_running_stream(folders):
+    """What SIGINT/SIGTERM do (uvicorn calls handle_exit): the running generation ends at its next
+    round with finish_reason "abort", the stream closes with [DONE] and the server exits."""
+    import signal
+
+    running = start(folders)
+    drafter = running.worker.loaded.drafter
+    propose = drafter.propose
+    drafter.propose = lambda *a, **kw: time.sleep(0.01) or propose(*a, **kw)
+    body = {"model": running.name, "prompt": PROMPT, "max_tokens": 400, "stream": True}
+    lines = []
+    with httpx.stream("POST", f"{running.url}/v1/completions", json=body, timeout=30) as reply:
+        for line in filter(None, reply.iter_lines()):
+            lines.append(line)
+            if len(lines) == 1:
+                running.server.handle_exit(signal.SIGTERM, None)
+    assert lines[-1] == "data: [DONE]"
+    last = json.loads(lines[-2][len("data: "):])
+    assert last["choices"][0]["finish_reason"] == "abort" and last["timings"]["predicted_n"] < 400
+    running.worker.join(10)
+    assert running.worker.state == "stopped"
 
 # --- the worker's queue, the API key -----------------------------------------------------------
 

@@ -52,7 +52,7 @@ def is_loopback(host: str) -> bool:
 def bound_socket(host: str, port: int) -> socket.socket:
     """A listening socket on host:port (port 0: any free port; read it from getsockname)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)  # TCP: asyncio then sets TCP_NODELAY
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
     sock.listen(128)
