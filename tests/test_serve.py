@@ -224,6 +224,38 @@ def test_stop_string(served):
     assert "".join(c.choices[0].text for c in streamed if c.choices) == full[:cut]
 
 
+
+def test_streamed_logprobs_name_every_token(served):
+    chunks = list(served.client().completions.create(model=served.name, prompt=PROMPT, max_tokens=10, temperature=0,
+                                                      logprobs=2, stream=True))
+    tokens = [t for c in chunks if c.choices and c.choices[0].logprobs for t in c.choices[0].logprobs.tokens]
+    text = "".join(c.choices[0].text for c in chunks if c.choices)
+    assert len(tokens) == 10 and "".join(tokens) == text
+
+
+def test_chat_template_conversation(served, monkeypatch):
+    """A conversation goes through the tokenizer's chat template (here a plain one set for the test)."""
+    tokenizer = served.worker.loaded.tokenizer
+    monkeypatch.setattr(tokenizer, "chat_template", "{% for m in messages %}{{ m['content'] }} {% endfor %}", raising=False)
+    messages = [{"role": "system", "content": "a b"}, {"role": "user", "content": "c d"},
+                {"role": "assistant", "content": "e"}, {"role": "user", "content": [{"type": "text", "text": "f"}]}]
+    client = served.client()
+    chat = client.chat.completions.create(model=served.name, messages=messages, max_tokens=8, temperature=0)
+    same = client.completions.create(model=served.name, prompt="a b c d e f", max_tokens=8, temperature=0)
+    assert chat.usage.prompt_tokens == same.usage.prompt_tokens == 6
+    assert chat.choices[0].message.content == same.choices[0].text
+
+
+def test_min_p_where_the_engine_has_it(served):
+    from specdec.serve.worker import takes_min_p
+
+    body = {"model": served.name, "prompt": PROMPT, "max_tokens": 6, "temperature": 0.8, "min_p": 0.05, "seed": 1}
+    reply = httpx.post(f"{served.url}/v1/completions", json=body)
+    if takes_min_p():
+        assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] == 6
+    else:
+        assert reply.status_code == 400 and "min_p is not supported" in reply.text
+
 # --- metrics ---------------------------------------------------------------------------------
 
 
@@ -450,6 +482,24 @@ def test_full_queue_is_503_with_retry_after():
     assert "2 requests are waiting" in full.value.message
     loop.close()
 
+
+
+def test_loading_answers_503():
+    from starlette.testclient import TestClient
+
+    from specdec.serve.app import Settings, create_app
+    from specdec.serve.metrics import ServerMetrics
+    from specdec.serve.request import Defaults
+    from specdec.serve.worker import DecodeWorker
+
+    worker = DecodeWorker(lambda: None, ServerMetrics("m"), "m", Defaults(), max_queue=2)  # not started: loading
+    client = TestClient(create_app(worker, Settings()))
+    health = client.get("/health")
+    assert health.status_code == 503 and health.json()["status"] == "loading" and "Retry-After" in health.headers
+    assert client.get("/v1/models").status_code == 503
+    reply = client.post("/v1/completions", json={"prompt": "a"})
+    assert reply.status_code == 503 and reply.json()["error"]["code"] == "loading"
+    assert client.get("/metrics").status_code == 200
 
 def test_api_key(folders):
     running = start(folders, "--api-key", "sesame")
