@@ -402,9 +402,16 @@ def test_disconnect_mid_stream_stops_the_generation(served, slow_rounds):
     assert reply.usage.completion_tokens == 5
 
 
+def resident_mib() -> float:
+    """This process's resident memory (the in-process server's, and the test's)."""
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) / 1024
+
+
 def test_soak_some_cancelled(served):
     """40 requests, 4 at a time, a quarter of them streams closed after the first chunk: every one
-    is answered or cancelled, the server serves the next, and the request counter counts them all."""
+    is answered or cancelled, the server serves the next, the request counter counts them all, and
+    memory stays flat from the first 20 to the next."""
     before = served.metrics()
     client = served.client(timeout=60)
 
@@ -424,8 +431,11 @@ def test_soak_some_cancelled(served):
         return "answered"
 
     with ThreadPoolExecutor(4) as pool:
-        outcomes = list(pool.map(one, range(40)))
+        outcomes = list(pool.map(one, range(20)))
+        warm = resident_mib()
+        outcomes += list(pool.map(one, range(20, 40)))
     assert outcomes.count("answered") == 30
+    assert resident_mib() - warm < 32, "resident memory grew over the second half of the soak"
     deadline = time.monotonic() + 10
     ended = lambda: sum(served.metrics().get(("specdec:requests_total", o), 0) - before.get(
         ("specdec:requests_total", o), 0) for o in ("stop", "length", "cancelled", "error"))
