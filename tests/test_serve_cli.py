@@ -82,3 +82,19 @@ def test_command_module_is_light():
             "print(sorted(m for m in ('starlette', 'uvicorn', 'specdec.serve.app') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_advise_exports_a_specdec_serve_command(capsys):
+    import json
+    import shlex
+    from pathlib import Path
+
+    from specdec.cli import build_parser, main
+
+    advice = Path(ROOT) / "docs" / "advise" / "humaneval-int8.json"
+    assert main(["advise", "--export", "specdec", "--from", str(advice), "--json", "--target", "t", "--draft", "d"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["command"] == "specdec serve --target t --draft d --proposer draft:k=2:quant=int8"
+    assert printed["notes"] == [] and "specdec serve" in printed["confirm"]
+    args = build_parser().parse_args(shlex.split(printed["command"])[1:])  # a command line serve takes
+    assert args.proposer == "draft:k=2:quant=int8"

@@ -50,8 +50,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="take each proposer's acceptance from this `advise --json` output of a run where "
                         "the real weights are, and measure only the costs here")
     a.add_argument("--export", choices=ENGINES,
-                   help="print the recommendation as vLLM's --speculative-config or llama.cpp's llama-server flags "
-                        "(with --json: as JSON), with the measured reason")
+                   help="print the recommendation as vLLM's --speculative-config, llama.cpp's llama-server flags "
+                        "or a `specdec serve` command line (with --json: as JSON), with the measured reason")
     a.add_argument("--from", dest="from_file", metavar="FILE",
                    help="with --export: take the recommendation from this advice record (`advise --json` output "
                         "or a saved one) instead of measuring; --target and --draft name the models it was for")
@@ -72,7 +72,7 @@ def cmd_advise(args: argparse.Namespace) -> int:
     from ..tune.saved import save_advice
 
     if args.from_file and not args.export:
-        raise SpecdecError("--from FILE gives the advice for --export: add --export vllm or --export llamacpp")
+        raise SpecdecError("--from FILE gives the advice for --export: add --export vllm, llamacpp or specdec")
     if args.from_file:
         return _print_export(Advice.load(args.from_file), args)
     at_least_one(args, *options(AdviseSettings))
@@ -131,9 +131,12 @@ def _print_export(advice, args: argparse.Namespace) -> int:
 
 def _engine_file(name: str, engine: str) -> str:
     """What the engine loads for a registry name or a folder: llama.cpp a GGUF file, vLLM a
-    Hugging Face folder (a registry model's converted safetensors folder in the cache)."""
+    Hugging Face folder (a registry model's converted safetensors folder in the cache), specdec
+    what it was given."""
     from ..models.registry import REGISTRY, converted_folder, gguf_file
 
+    if engine == "specdec":
+        return name
     if name in REGISTRY:
         return str(gguf_file(name) if engine == "llamacpp" else converted_folder(REGISTRY[name]))
     return f"{name}.gguf" if engine == "llamacpp" else name  # a folder: llama.cpp needs its GGUF conversion

@@ -1,5 +1,6 @@
 """The proposer and k that `specdec advise` chose, written for the engines users serve with:
-vLLM's `--speculative-config` JSON and llama.cpp's `llama-server` flags.
+vLLM's `--speculative-config` JSON, llama.cpp's `llama-server` flags, and specdec's own
+`specdec serve` command line (every option of the method carries over: nothing is dropped).
 
 vLLM's keys are those its documentation gives for `speculative_config`: `method` ("draft_model"
 or "ngram"), `model` (the draft), `num_speculative_tokens`, and for n-grams `prompt_lookup_max`
@@ -30,10 +31,12 @@ from dataclasses import dataclass, field
 from ..methods.spec import Method, parse
 from .advice import Advice
 
-ENGINES = ("vllm", "llamacpp")
+ENGINES = ("vllm", "llamacpp", "specdec")
 CONFIRM = ("kernels differ between engines (and machines): this choice was measured on specdec's own kernels "
            "here, so confirm it where you serve: start the server with and without these settings and run "
            "`specdec bench --endpoint plain=URL --endpoint spec=URL --baseline plain` (docs/serving.md)")
+SERVE_CONFIRM = ("specdec serve decodes with the engine this choice was measured on; on another machine, advise "
+                 "there (or compare `specdec serve --proposer none` with it by `specdec bench --endpoint`)")
 
 
 @dataclass(frozen=True)
@@ -44,22 +47,29 @@ class Export:
     command: str
     reason: str
     notes: list[str] = field(default_factory=list)
+    confirm: str = CONFIRM
 
     def to_json(self) -> dict:
         return {"engine": self.engine, "method": self.method, "settings": self.settings, "command": self.command,
-                "reason": self.reason, "notes": self.notes, "confirm": CONFIRM}
+                "reason": self.reason, "notes": self.notes, "confirm": self.confirm}
 
     def render(self) -> str:
         lines = [f"[export] {self.engine}: advised {self.method}", f"  reason: {self.reason}",
-                 f"  {self.command}", *(f"  note: {n}" for n in self.notes), f"  note: {CONFIRM}"]
+                 f"  {self.command}", *(f"  note: {n}" for n in self.notes), f"  note: {self.confirm}"]
         return "\n".join(lines)
 
 
 def export(advice: Advice, engine: str, target: str, draft: str) -> Export:
-    """The advice's choice for `engine` ("vllm" or "llamacpp"); `target` and `draft` are what the
-    engine loads: a model folder or hub id for vLLM, GGUF files for llama.cpp."""
+    """The advice's choice for `engine` ("vllm", "llamacpp" or "specdec"); `target` and `draft`
+    are what the engine loads: a model folder or hub id for vLLM, GGUF files for llama.cpp,
+    what --target and --draft took for specdec."""
     method = parse(advice.choice.method)
     reason = _reason(advice, method)
+    if engine == "specdec":
+        proposer = "none" if method.kind == "ar" else method.label
+        words = ["specdec", "serve", "--target", target, *(["--draft", draft] if method.uses_draft else []),
+                 "--proposer", proposer]
+        return Export(engine, method.label, {"proposer": proposer}, shlex.join(words), reason, confirm=SERVE_CONFIRM)
     notes = _unsupported(method, engine)
     if engine == "vllm":
         config = vllm_config(method, draft)
