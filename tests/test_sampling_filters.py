@@ -197,7 +197,7 @@ def test_min_p_alone_and_its_validation():
 
 
 def test_generate_takes_min_p(target):
-    common = dict(max_new_tokens=6, temperature=1.0, seed=4, eos_token_id=[])
+    common = {"max_new_tokens": 6, "temperature": 1.0, "seed": 4, "eos_token_id": []}
     out = generate(target, [1, 2, 3], min_p=0.999999, **common)  # only the top token survives
     greedy = generate(target, [1, 2, 3], max_new_tokens=6, eos_token_id=[])
     assert out.new_tokens == greedy.new_tokens
