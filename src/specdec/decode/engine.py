@@ -70,7 +70,7 @@ def generate(
     temperature: float = 0.0,
     top_k: int | None = None,
     top_p: float | None = None,
-    min_p: float = 0.0,
+    min_p: float | None = 0.0,
     seed: int | None = None,
     eos_token_id: int | Sequence[int] | None = None,
     on_commit: CommitCallback | None = None,
@@ -82,7 +82,7 @@ def generate(
     given; the output is the target's own (greedy: same tokens; sampling: same distribution).
 
     Sampling (temperature > 0) keeps, of the logits divided by the temperature, the top_k
-    largest, then the nucleus of mass top_p, then the tokens with p >= min_p * max p (0: off),
+    largest, then the nucleus of mass top_p, then the tokens with p >= min_p * max p (0 or None: off),
     as specdec.decode.sampling says.
     `eos_token_id=None` takes the model's generation config; pass [] to never stop early.
     `check=True` also asserts every cache layer's length each round (debug mode).
