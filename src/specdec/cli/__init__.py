@@ -1,4 +1,4 @@
-"""Command line: specdec generate | check | bench | report | advise | sweep | perplexity.
+"""Command line: specdec generate | serve | check | bench | report | advise | sweep | perplexity.
 
 One module per command (each registers its parser; models and torch load only when a command
 runs); the arguments they share, and how those become method specs and loaded models, are in
@@ -11,9 +11,9 @@ import argparse
 import sys
 
 from ..errors import SpecdecError
-from . import advise, bench, check, generate, perplexity, sweep
+from . import advise, bench, check, generate, perplexity, serve, sweep
 
-COMMANDS = (generate, check, bench, advise, sweep, perplexity)
+COMMANDS = (generate, serve, check, bench, advise, sweep, perplexity)
 
 
 def build_parser() -> argparse.ArgumentParser:
