@@ -15,7 +15,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCau
 from specdec import DraftModel, PromptLookup, TreeDraft, generate
 from specdec.errors import SpecdecError
 from specdec.models.quantized import install
-from specdec.runtime import from_transformers
+from specdec.runtime import NativeLM, from_transformers
 from specdec.runtime.config import decoder_config
 from specdec.runtime.source import read_model
 
@@ -169,38 +169,27 @@ def test_cache_after_trims_and_prefix_reuse(pair):
     assert lm.calls == 1
 
 
-def test_saved_source_weights_load_back_bit_for_bit(tmp_path):
-    """The model cache's copy of a registry model's native weights (runtime.load) is what was
-    read: every code, scale, float tensor and form note the same (int4 and int3 forms)."""
-    from specdec.files import cached
-    from specdec.runtime.source import load_source, save_source
+def test_stored_weights_map_back_to_the_same_logits(tmp_path):
+    """The model cache's copy of a model's native weights (runtime.stored, mapped at load) gives
+    every logit bit for bit, in int4 and int3 forms, with the full head and a restricted one."""
+    from specdec.runtime.config import rotary_tables
+    from specdec.runtime.native import Decoder
+    from specdec.runtime.source import HEAD
+    from specdec.runtime.stored import load_weights, save_weights
+    from specdec.runtime.weights import build
 
     model = tiny("qwen2")
+    tokens = sequence(12)
+    ids = torch.arange(0, VOCAB, 3)
     for mode in ("int4", "int3"):
-        made = []
-        source = read_model(model, decoder_config(model.config), mode)
-        key = {"name": "tiny", "mode": mode, "format": 1}
-        make = lambda: made.append(1) or source
-        cached(tmp_path / f"tiny-native-{mode}", key, make, save_source, load_source)
-        back = cached(tmp_path / f"tiny-native-{mode}", key, make, save_source, load_source)
-        assert made == [1] and back is not source
-        _same_source(back, source)
-    assert {w.bits for w in source.linears.values()} == {3, 4}  # int3: Q3 layers, a Q4 output layer
-
-
-def _same_source(back, source) -> None:
-    from dataclasses import fields
-
-    assert back.forms == source.forms and back.origin == source.origin
-    assert back.dense.keys() == source.dense.keys()
-    assert all(torch.equal(back.dense[n], source.dense[n]) for n in source.dense)
-    assert back.linears.keys() == source.linears.keys()
-    for name, w in source.linears.items():
-        saved = back.linears[name]
-        assert type(saved) is type(w)
-        for f in fields(w):
-            a, b = getattr(w, f.name), getattr(saved, f.name)
-            assert torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b, (name, f.name)
+        cfg = decoder_config(model.config)
+        source = read_model(model, cfg, mode)
+        save_weights(build(cfg, source, mode), source.linears[HEAD], tmp_path / f"{mode}.safetensors")
+        for head in (None, ids):
+            lms = [NativeLM(Decoder(w, lambda n: rotary_tables(cfg, n), 64), (), None)
+                   for w in (build(cfg, source, mode, head), load_weights(tmp_path / f"{mode}.safetensors", cfg, head))]
+            assert torch.equal(lms[0].forward(tokens), lms[1].forward(tokens)), (mode, head is None)
+            assert lms[1].decoder.weights.forms == source.forms
 
 
 def test_the_non_finite_flag_names_the_first_bad_row():

@@ -1,12 +1,29 @@
 """specdec: lossless speculative decoding for Hugging Face causal LMs."""
 
-from .decode.engine import GenerationResult, generate
-from .decode.sampling import SamplingConfig
-from .decode.stats import GenerationStats
+from importlib import import_module
+from typing import TYPE_CHECKING
+
 from .errors import SpecdecError
-from .models.load import load_model
-from .prompts.chat import encode_prompt
-from .proposers import DraftModel, Hybrid, PromptLookup, TreeDraft
+
+if TYPE_CHECKING:
+    from .decode.engine import GenerationResult, generate
+    from .decode.sampling import SamplingConfig
+    from .decode.stats import GenerationStats
+    from .models.load import load_model
+    from .prompts.chat import encode_prompt
+    from .proposers import DraftModel, Hybrid, PromptLookup, TreeDraft
+
+# Where each public name lives: imported on first use, so that `specdec --help` and commands
+# that need no model do not import torch and transformers (seconds).
+_HOMES = {"GenerationResult": "decode.engine", "generate": "decode.engine", "SamplingConfig": "decode.sampling",
+          "GenerationStats": "decode.stats", "load_model": "models.load", "encode_prompt": "prompts.chat",
+          "DraftModel": "proposers", "Hybrid": "proposers", "PromptLookup": "proposers", "TreeDraft": "proposers"}
+
+
+def __getattr__(name: str):
+    if name not in _HOMES:
+        raise AttributeError(f"module 'specdec' has no attribute {name!r}")
+    return getattr(import_module(f".{_HOMES[name]}", __name__), name)
 
 __all__ = [
     "DraftModel",

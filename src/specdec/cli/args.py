@@ -27,17 +27,20 @@ def add_model_args(p: argparse.ArgumentParser, draft_help: str = "draft model of
                    target_quant: str = "auto") -> None:
     """The target, the draft and how to load them; `target_quant` is --target-quant's default
     (bench, sweep and perplexity compare forms and keep none, the dense copy)."""
-    from ..models.load import DEFAULT_DRAFT, DEFAULT_TARGET, DTYPES
+    from ..models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
     from ..models.target_form import TARGET_FORMS
 
-    p.add_argument("--target", default=DEFAULT_TARGET, help="registry name or local HF model folder")
-    p.add_argument("--draft", default=DEFAULT_DRAFT, help=draft_help)
+    p.add_argument("--target", default=DEFAULT_TARGET,
+                   help="registry name, GGUF file (llama, qwen2, qwen3; or a folder holding one) or local HF model "
+                        "folder")
+    p.add_argument("--draft", default=DEFAULT_DRAFT, help=f"{draft_help}: as --target (a GGUF's tokenizer must be "
+                                                          "the target's)")
     p.add_argument("--target-quant", default=target_quant, choices=TARGET_FORMS,
                    help="the target's linear layers as 8-bit or 4-bit codes on specdec's int8-activation kernels "
-                        "(CPU): a registry model from its own GGUF (Q4_K, Q4_1, Q6_K kept exactly), converted once "
-                        "into the model cache; a folder rounded. Lossless speculation is then relative to the "
-                        "quantized target. auto: the fastest form of the model as shipped, int4 for a registry "
-                        f"model (a Q4_K_M GGUF) on a CPU where specdec's kernels run, dense elsewhere "
+                        "(CPU): a GGUF (or registry model) as it is, every Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q5_K/Q6_K "
+                        "block kept exactly (int4; int8 rounds its 4- and 5-bit blocks to 8); a folder rounded. "
+                        "Lossless speculation is then relative to the quantized target. auto: the fastest form of "
+                        "the model as shipped, int4 for a GGUF on a CPU where specdec's kernels run, dense elsewhere "
                         f"(default: {target_quant})")
     p.add_argument("--draft-quant", default=None, choices=DRAFT_MODES,
                    help="quant= for every draft method: the draft's linear layers as 8-, 4- or 3-bit codes "
@@ -49,12 +52,12 @@ def add_model_args(p: argparse.ArgumentParser, draft_help: str = "draft model of
     p.add_argument("--draft-vocab", type=int, default=None, metavar="N",
                    help="vocab=N for every draft method: the draft scores only the N most frequent token ids "
                         "(e.g. 32768), a cheaper draft step, still lossless")
-    p.add_argument("--dtype", default="auto", choices=["auto", *DTYPES],
+    p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"],  # models.load.DTYPES
                    help="auto: bfloat16 where the hardware has it natively, else float32")
     p.add_argument("--device", default="cpu")
     p.add_argument("--runtime", default="auto", choices=RUNTIMES,
-                   help="native: specdec's own runtime (registry models of the Llama family in int4 or int8 on "
-                        "the CPU: one C++ call per forward); hf: transformers' model with specdec's forward; auto: "
+                   help="native: specdec's own runtime (GGUF files and registry models of the Llama family in "
+                        "int4 or int8 on the CPU: one C++ call per forward); hf: transformers' model with specdec's forward; auto: "
                         "native where it runs the model as asked, else hf")
     p.add_argument("--trust-remote-code", action="store_true",
                    help="allow a local model folder to run its own Python code")
@@ -257,7 +260,7 @@ def load_drafts(args: argparse.Namespace, target, tokenizer, methods: list[Metho
     if args.draft == "none":
         raise SpecdecError(f"{drafting[0].label} needs a draft model: drop it or pass --draft")
     native = {m.draft_variant for m in drafting
-              if not m.is_hf and use_native(runtime or args.runtime, args.draft, m.quant or "none", args.device)}
+              if not m.is_hf and use_native(runtime or args.runtime, args.draft, draft_quant(args, m), args.device)}
     draft = draft_tokenizer = None
     if any(m.draft_variant not in native for m in drafting):
         draft, draft_tokenizer = load_model(args.draft, args.dtype, args.device, args.trust_remote_code)
@@ -275,6 +278,17 @@ def check_gguf_pair(args: argparse.Namespace) -> None:
 
     if args.draft != "none" and is_gguf(args.target) and is_gguf(args.draft):
         check_pair(prepared(gguf_path(args.target))[1], prepared(gguf_path(args.draft))[1])
+
+
+def draft_quant(args: argparse.Namespace, method: Method) -> str:
+    """The form a method's draft runs in: its quant=, or, without one, dense for a registry name or
+    a folder and the file as it is (int4: its own blocks) for a GGUF file, which has no dense copy."""
+    from ..gguf import is_gguf
+    from ..models.registry import REGISTRY
+
+    if method.quant:
+        return method.quant
+    return "int4" if args.draft not in REGISTRY and is_gguf(args.draft) else "none"
 
 
 def load_proposer(args: argparse.Namespace, method: Method):

@@ -6,6 +6,7 @@ refused here, before any weight is read, in one line that says what runs it inst
 
 from __future__ import annotations
 
+import mmap
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -65,6 +66,15 @@ def open_reader(path: Path) -> GGUFReader:
         raise SpecdecError(f"{path} is truncated: its tensors need {end} bytes, the file has {size}; "
                            "download or copy it again")
     return reader
+
+
+def release_pages(reader: GGUFReader) -> None:
+    """Drop the file's pages this process has read from its resident memory (they stay in the
+    page cache; a later read maps them again): reading a 1.1 GB file a layer at a time would
+    otherwise hold all of it in the process's resident set until the reader is gone."""
+    mapping = getattr(reader.data, "_mmap", None)  # numpy.memmap's own mmap object
+    if mapping is not None and hasattr(mmap, "MADV_DONTNEED"):
+        mapping.madvise(mmap.MADV_DONTNEED)
 
 
 def _value(reader: GGUFReader, key: str, default=None):

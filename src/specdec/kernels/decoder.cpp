@@ -52,7 +52,6 @@ struct SdLayer {
 struct SdModel {
     int64_t layers, hidden, heads, kv_heads, head_dim, inter, capacity;
     float eps, attn_scale;
-    const float* embedding;  // [vocab, hidden]
     const float* final_norm;
     const float *cos, *sin;  // [capacity][head_dim / 2]: rotary angles by position
     const SdLayer* layer;
@@ -413,10 +412,11 @@ Scratch scratch;
 
 extern "C" {
 
-// Forward n rows: tokens[r] at rotary position positions[r], its K/V written to slot slots[r],
-// seeing `vis`; logits [n - first, head N] for rows first .. n-1. The caller checks shapes and
-// that every slot and position lies below the capacity.
-void sd_decoder_forward(const SdModel* model, const int64_t* tokens, int64_t n, const int64_t* positions,
+// Forward n rows: embedded[r] (the token's embedding row, [n, hidden] float32: the caller decodes
+// the rows of a quantized table) at rotary position positions[r], its K/V written to slot
+// slots[r], seeing `vis`; logits [n - first, head N] for rows first .. n-1. The caller checks
+// shapes and that every slot and position lies below the capacity.
+void sd_decoder_forward(const SdModel* model, const float* embedded, int64_t n, const int64_t* positions,
                         const int64_t* slots, SdVisible vis, int64_t first, float* logits) {
     const SdModel& m = *model;
     const int64_t H = m.hidden, D = m.head_dim;
@@ -429,7 +429,7 @@ void sd_decoder_forward(const SdModel* model, const int64_t* tokens, int64_t n, 
     s.act.resize(n * m.inter);
     s.y.resize(n * H);
     Clock clock;
-    for (int64_t r = 0; r < n; ++r) std::memcpy(&s.x[r * H], m.embedding + tokens[r] * H, H * sizeof(float));
+    std::memcpy(s.x.data(), embedded, n * H * sizeof(float));
     for (int64_t i = 0; i < m.layers; ++i) {
         const SdLayer& L = m.layer[i];
         rms_norm(s.x.data(), L.attn_norm, n, H, m.eps, s.h.data());

@@ -104,7 +104,7 @@ class Drafts:
             if self.tokenizer is None:
                 raise SpecdecError("vocab=N counts token frequencies with the tokenizer: pass the target's tokenizer")
             head = frequent_head_ids(self.tokenizer, vocab, len(self.tokenizer))
-        return load_gguf(self.source, quant, head_ids=head)
+        return load_gguf(self.source, quant or "int4", head_ids=head)  # a GGUF file's own blocks
 
     def _make(self, variant: Variant, in_place: bool) -> PreTrainedModel:
         if self._consumed_by is not None:  # the loaded model is a variant now: nothing to copy from

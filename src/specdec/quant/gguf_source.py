@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -45,14 +45,15 @@ def hf_name(gguf_name: str) -> str | None:
     return None
 
 
-def linear_weights(path: Path | GGUFReader) -> Iterator[tuple[str, str, Decoded]]:
+def linear_weights(path: Path | GGUFReader, keep: Callable[[str], bool] = lambda name: True
+                   ) -> Iterator[tuple[str, str, Decoded]]:
     """(module name, GGUF type name, weight) for every linear weight in the file (or its open
-    reader): a Q4Weight or Q8Weight for the EXACT types, else the float32 tensor [out, in] the
-    blocks stand for."""
+    reader) whose module name `keep` accepts: a Q4Weight or Q8Weight for the EXACT types, else
+    the float32 tensor [out, in] the blocks stand for."""
     reader = path if isinstance(path, GGUFReader) else GGUFReader(str(path))
     for tensor in reader.tensors:
         name = hf_name(tensor.name)
-        if name is None:
+        if name is None or not keep(name):
             continue
         shape = tuple(int(n) for n in reversed(tensor.shape.tolist()))  # GGUF lists dims inner first
         kind = tensor.tensor_type

@@ -16,13 +16,14 @@ from .choose import NATIVE_MODES
 from .config import DecoderConfig, decoder_config, rotary_tables
 from .lm import NativeLM
 from .native import Decoder
-from .source import SourceWeights, load_source, read_gguf, read_model, save_source
-from .weights import build
+from .source import HEAD, SourceWeights, layer, outside_layers, read_gguf, read_model
+from .stored import load_weights, save_weights
+from .weights import DecoderWeights, assemble, build, layer_weights
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
-SOURCE_FORMAT = 2  # version of what save_source writes and of read_gguf's forms
+SOURCE_FORMAT = 3  # version of what stored.save_weights writes and of read_gguf's forms
 CAPACITY = 4096  # cache slots to start with (28 layers x 256 floats x 2 x 4 B = 235 MiB for the 1.5B); grown on demand
 
 
@@ -43,22 +44,38 @@ def load_gguf(name_or_path: str, mode: str = "int4", capacity: int = CAPACITY,
     common block type kept exactly, runtime.source); "int8": its Q4/Q5 blocks rounded to Q8;
     "int3", a draft's form: every layer rounded to Q3, the output layer to Q4. `head_ids`: score
     only these token ids (a restricted draft head, sorted; specdec.models.draft_head.frequent_tokens)."""
-    from ..files import cached
+    from tqdm import tqdm
+
+    from ..files import WEIGHTS, cached
     from ..gguf import gguf_path, prepared
+    from ..gguf.metadata import open_reader, release_pages
 
     _check_mode(mode)
     path = gguf_path(name_or_path)
     folder, model = prepared(path)  # shapes and end ids; refuses what it cannot run before any weight
     began = time.perf_counter()
 
-    def read() -> SourceWeights:
+    def make() -> tuple[DecoderWeights, object]:
+        """Read and packed a layer at a time: the decoded blocks of all layers at once would
+        double the conversion's memory."""
         print(f"specdec: reading {path.name}'s weights for the native runtime ({mode}; seconds to a minute, once)",
               file=sys.stderr)
-        return read_gguf(path, model.config, mode)
+        reader = open_reader(path)
+        outside = read_gguf(reader, model.config, mode, outside_layers)
+        layers = []
+        for i in tqdm(range(model.config.layers), desc=f"reading {path.name}", unit="layer", leave=False):
+            part = read_gguf(reader, model.config, mode, layer(i))
+            layers.append(layer_weights(part, i))
+            outside.forms.update(part.forms)
+            release_pages(reader)
+        return assemble(model.config, layers, outside, mode), outside.linears[HEAD]
 
     key = {"mode": mode, "format": SOURCE_FORMAT}
-    source = cached(folder / f"native-{mode}", key, read, save_source, load_source)
-    lm = _assemble(model.config, source, mode, capacity, head_ids, model.eos)
+    store = folder / f"native-{mode}"
+    cached(store, key, make, lambda made, file, _: save_weights(*made, file), lambda file: None)
+    weights = load_weights(store / WEIGHTS, model.config, head_ids)
+    lm = NativeLM(Decoder(weights, lambda slots: rotary_tables(model.config, slots), capacity), model.eos,
+                  model.config.max_positions)
     print(f"specdec: {name_or_path} on the native runtime ({mode}, {time.perf_counter() - began:.1f} s)",
           file=sys.stderr)
     return lm

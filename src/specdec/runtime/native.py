@@ -36,7 +36,7 @@ class _Layer(ctypes.Structure):
 class _Model(ctypes.Structure):
     _fields_ = [("layers", _i64), ("hidden", _i64), ("heads", _i64), ("kv_heads", _i64), ("head_dim", _i64),
                 ("inter", _i64), ("capacity", _i64), ("eps", _f32), ("attn_scale", _f32),
-                ("embedding", _p), ("final_norm", _p), ("cos", _p), ("sin", _p), ("layer", ctypes.POINTER(_Layer)),
+                ("final_norm", _p), ("cos", _p), ("sin", _p), ("layer", ctypes.POINTER(_Layer)),
                 ("head", _Weight)]
 
 
@@ -125,7 +125,7 @@ class Decoder:
                                _optional(lw.q_norm), _optional(lw.k_norm))
         self._layers = layers
         self.model = _Model(cfg.layers, cfg.hidden, cfg.heads, cfg.kv_heads, cfg.head_dim, cfg.inter, capacity,
-                            cfg.eps, cfg.head_dim ** -0.5, _ptr(w.embedding), _ptr(w.final_norm),
+                            cfg.eps, cfg.head_dim ** -0.5, _ptr(w.final_norm),
                             _ptr(cos), _ptr(sin), layers, _single(w.head))
         self._model_ref = ctypes.byref(self.model)
 
@@ -139,12 +139,13 @@ class Decoder:
                 extra_start: torch.Tensor, extra: torch.Tensor, first: int) -> torch.Tensor:
         """Logits [n - first, head rows] float32 of the n rows (int64 tensors, see decoder.cpp)."""
         n = tokens.numel()
+        embedded = self.weights.embed(tokens).contiguous()
         if int(slots.max()) >= self.capacity or int(positions.max()) >= self.capacity:
             raise SpecdecError(f"a forward past the native runtime's {self.capacity} cache slots (NativeLM grows "
                                "the cache first)")
         logits = torch.empty(n - first, self.head_width)
         visible = _Visible(_ptr(prefix), _ptr(extra_start), _ptr(extra))
-        self._lib.sd_decoder_forward(self._model_ref, _ptr(tokens), n, _ptr(positions), _ptr(slots), visible,
+        self._lib.sd_decoder_forward(self._model_ref, _ptr(embedded), n, _ptr(positions), _ptr(slots), visible,
                                      first, _ptr(logits))
         return logits if self.head_rows == self.head_width else logits[:, : self.head_rows]
 

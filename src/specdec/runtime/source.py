@@ -9,15 +9,14 @@ embedding tensor in these same forms.
 int3 mode, a draft's form, rounds every layer from what its tensor stands for: to Q3, the output
 layer to Q4 (the draft's guesses are its argmax).
 From a dense model (read_model: tests, Hugging Face folders) every layer is rounded.
-save_source/load_source keep a registry model's weights in the model cache (runtime.load): the
-GGUF reader parses every metadata field in Python (the tokenizer's 151,936 strings), which
-makes reading the GGUF take 30-55 s where the saved file loads in seconds.
+runtime.load keeps what is read here, packed, in the model cache (runtime.stored): reading and
+splitting a GGUF's blocks takes 15-45 s where the saved file maps in a blink.
 """
 
 from __future__ import annotations
 
-import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -25,11 +24,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 from gguf import GGUFReader, quants
-from safetensors import safe_open
-from safetensors.torch import save_file
 
 from ..errors import SpecdecError
-from ..models.quantized import Quantized, from_tensors, quantize_weights, to_tensors
+from ..models.quantized import Quantized, quantize_weights
 from ..quant.gguf_source import EXACT, linear_weights, rows_unpermuted
 from ..quant.weights import Q4Weight, Q8Weight, q3_rtn, q4_rtn, q8_rtn
 from .config import DecoderConfig
@@ -38,7 +35,25 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
 HEAD = "lm_head"
-EMBEDDING = "model.embed_tokens.weight"
+EMBEDDING = "model.embed_tokens.weight"  # a float32 embedding (dense models, float GGUF tensors) in `dense`
+EMBEDDING_TABLE = "model.embed_tokens"  # a GGUF embedding in its own blocks (exact) in `linears`
+
+
+Keep = Callable[[str], bool]  # which Hugging Face names to read
+
+
+def everything(name: str) -> bool:
+    return True
+
+
+def layer(index: int) -> Keep:
+    """The names of layer `index`."""
+    return lambda name: name.startswith(f"model.layers.{index}.")
+
+
+def outside_layers(name: str) -> bool:
+    """The names of the embedding, the final norm and the output layer."""
+    return not name.startswith("model.layers.")
 
 
 @dataclass
@@ -87,14 +102,16 @@ def _in_mode(decoded: Q4Weight | Q8Weight | torch.Tensor, kind: str, mode: str, 
     return q8_rtn(decoded), f"Q8 rounded from {kind}"
 
 
-def read_gguf(path: Path | GGUFReader, cfg: DecoderConfig, mode: str) -> SourceWeights:
-    """The weights of a GGUF file or its open reader (see the module docstring)."""
+def read_gguf(path: Path | GGUFReader, cfg: DecoderConfig, mode: str, keep: Keep = everything) -> SourceWeights:
+    """The weights of a GGUF file or its open reader (see the module docstring); `keep`: only
+    those whose Hugging Face name it accepts (a layer at a time: the decoded blocks of the whole
+    1.5B model take 1.5 GB)."""
     reader = path if isinstance(path, GGUFReader) else GGUFReader(str(path))
     path = Path(reader.data.filename) if hasattr(reader.data, "filename") else Path(str(path))
     rotary_heads = {"self_attn.q_proj": cfg.heads, "self_attn.k_proj": cfg.kv_heads}
     linears: Quantized = {}
     forms: dict[str, str] = {}
-    for name, kind, decoded in linear_weights(reader):
+    for name, kind, decoded in linear_weights(reader, keep):
         heads = rotary_heads.get(name.split(".", 3)[-1]) if cfg.model_type == "llama" else None
         if heads:  # llama.cpp interleaves a Llama model's q/k rows for its rotary layout
             decoded = rows_unpermuted(decoded, heads)
@@ -102,16 +119,19 @@ def read_gguf(path: Path | GGUFReader, cfg: DecoderConfig, mode: str) -> SourceW
     dense: dict[str, torch.Tensor] = {}
     for tensor in reader.tensors:
         name = _dense_name(tensor.name)
-        if name is None:
+        if name is None or not keep(name):
             continue
         shape = tuple(int(n) for n in reversed(tensor.shape.tolist()))
-        values = np.asarray(quants.dequantize(tensor.data, tensor.tensor_type), dtype=np.float32).reshape(shape)
-        dense[name] = torch.from_numpy(values.copy())  # the reader's arrays are read-only memory maps
+        kind = tensor.tensor_type
+        if name == EMBEDDING and kind in EXACT:  # looked up a row at a time, so kept in its blocks
+            decoded = EXACT[kind](tensor.data, shape)
+            linears[EMBEDDING_TABLE], forms[EMBEDDING_TABLE] = decoded, f"{kind.name} rows decoded per token (exact)"
+        else:
+            values = np.asarray(quants.dequantize(tensor.data, kind), dtype=np.float32).reshape(shape)
+            dense[name] = decoded = torch.from_numpy(values.copy())  # the reader's arrays are read-only memory maps
         if name == EMBEDDING and cfg.tied:
-            kind = tensor.tensor_type
-            decoded = EXACT[kind](tensor.data, shape) if kind in EXACT else dense[name]
             linears[HEAD], forms[HEAD] = _in_mode(decoded, f"{kind.name} (tied embedding)", mode, HEAD)
-    _check_complete(cfg, linears, dense, str(path))
+    _check_complete(cfg, linears, dense, str(path), keep)
     return SourceWeights(linears, dense, forms, str(path))
 
 
@@ -138,27 +158,10 @@ def _form(weight: Q4Weight | Q8Weight) -> str:
     return f"Q{weight.bits}" if isinstance(weight, Q4Weight) else "Q8"
 
 
-DENSE_PREFIX = "dense:"  # the float tensors' names in a saved file, apart from the linear weights'
-
-
-def save_source(source: SourceWeights, path: Path, description: dict) -> None:
-    """`source` in one safetensors file; what load_source reads back, bit for bit."""
-    tensors = to_tensors(source.linears) | {DENSE_PREFIX + n: t.contiguous() for n, t in source.dense.items()}
-    save_file(tensors, str(path), metadata={"description": json.dumps(description), "forms": json.dumps(source.forms),
-                                            "origin": source.origin})
-
-
-def load_source(path: Path) -> SourceWeights:
-    with safe_open(str(path), framework="pt") as f:
-        meta = f.metadata()
-        tensors = {name: f.get_tensor(name) for name in f.keys()}
-    dense = {n.removeprefix(DENSE_PREFIX): tensors.pop(n) for n in list(tensors) if n.startswith(DENSE_PREFIX)}
-    return SourceWeights(from_tensors(tensors), dense, json.loads(meta["forms"]), meta["origin"])
-
-
-def _check_complete(cfg: DecoderConfig, linears: Quantized, dense: dict[str, torch.Tensor], origin: str) -> None:
-    """Every weight the decoder reads is there (else the file is of another layout)."""
-    needed = [HEAD, EMBEDDING, "model.norm.weight"]
+def _check_complete(cfg: DecoderConfig, linears: Quantized, dense: dict[str, torch.Tensor], origin: str,
+                    keep: Keep = everything) -> None:
+    """Every weight the decoder reads (that `keep` accepts) is there (else the file is of another layout)."""
+    needed = [HEAD, "model.norm.weight", EMBEDDING if EMBEDDING in dense else EMBEDDING_TABLE]
     for i in range(cfg.layers):
         layer = f"model.layers.{i}."
         needed += [layer + n for n in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
@@ -168,10 +171,10 @@ def _check_complete(cfg: DecoderConfig, linears: Quantized, dense: dict[str, tor
             needed += [layer + f"self_attn.{p}_norm.weight" for p in "qk"]
         if cfg.qkv_bias:
             needed += [layer + f"self_attn.{p}_proj.bias" for p in "qkv"]
-    missing = [n for n in needed if n not in linears and n not in dense]
+    missing = [n for n in needed if keep(n) and n not in linears and n not in dense]
     if missing:
         raise SpecdecError(f"{origin} lacks {len(missing)} weights the decoder needs (first: {missing[0]}); "
                            "is it a Llama-family model of this config?")
 
 
-__all__ = ["EMBEDDING", "HEAD", "SourceWeights", "load_source", "read_gguf", "read_model", "save_source"]
+__all__ = ["EMBEDDING", "EMBEDDING_TABLE", "HEAD", "SourceWeights", "read_gguf", "read_model"]

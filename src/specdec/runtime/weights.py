@@ -12,7 +12,7 @@ from ..errors import SpecdecError
 from ..kernels import Packed, pack
 from ..quant.weights import Q4Weight, Q8Weight, stacked, tensor_fields
 from .config import DecoderConfig
-from .source import EMBEDDING, HEAD, SourceWeights
+from .source import EMBEDDING, EMBEDDING_TABLE, HEAD, SourceWeights
 
 
 @dataclass
@@ -40,7 +40,7 @@ class DecoderWeights:
     """What was loaded, in which forms (`forms`: module name -> e.g. "Q4 = Q4_K (exact)")."""
 
     config: DecoderConfig
-    embedding: torch.Tensor  # float32 [vocab, hidden]
+    embedding: Q4Weight | Q8Weight | torch.Tensor  # [vocab, hidden]: a GGUF's own blocks, or float32
     layers: list[LayerWeights]
     final_norm: torch.Tensor
     head: Linear
@@ -49,6 +49,14 @@ class DecoderWeights:
     forms: dict[str, str]
     mode: str
     origin: str
+
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The embedding rows of `tokens`, float32 [n, hidden] (a quantized table decodes just
+        these rows: the whole of it in float32 is 0.9 GB for a 151,936-token, 1536-wide model)."""
+        if isinstance(self.embedding, torch.Tensor):
+            return self.embedding[tokens]
+        table = self.embedding
+        return dataclasses.replace(table, **{f: getattr(table, f)[tokens] for f in tensor_fields(table)}).dequantize()
 
     def nbytes(self) -> int:
         """Bytes of weights a forward reads: packed layers with their biases, norms; of the
@@ -82,25 +90,43 @@ def _head_rows(weight: Q4Weight | Q8Weight, ids: torch.Tensor) -> Q4Weight | Q8W
 
 def build(cfg: DecoderConfig, source: SourceWeights, mode: str, head_ids: torch.Tensor | None = None
           ) -> DecoderWeights:
+    layers = [layer_weights(source, i) for i in range(cfg.layers)]
+    return assemble(cfg, layers, source, mode, head_ids)
+
+
+def layer_weights(source: SourceWeights, i: int) -> LayerWeights:
+    """Layer i of `source` packed for the decoder."""
     lin, dense = source.linears, source.dense
-    layers = []
-    for i in range(cfg.layers):
-        at = f"model.layers.{i}."
-        qkv = [f"{at}self_attn.{p}_proj" for p in "qkv"]
-        layers.append(LayerWeights(
-            _linear([lin[n] for n in qkv], [dense.get(n + ".bias") for n in qkv]),
-            _linear([lin[at + "self_attn.o_proj"]], [None]),
-            _linear([lin[at + "mlp.gate_proj"], lin[at + "mlp.up_proj"]], [None, None]),
-            _linear([lin[at + "mlp.down_proj"]], [None]),
-            dense[at + "input_layernorm.weight"].contiguous(), dense[at + "post_attention_layernorm.weight"].contiguous(),
-            *(_contiguous(dense.get(f"{at}self_attn.{p}_norm.weight")) for p in "qk"),
-        ))
-    head = lin[HEAD]
-    rows = head.codes.shape[0]
-    if head_ids is not None:
-        head_ids = torch.unique(head_ids.long())
-        if head_ids.numel() == 0 or int(head_ids[0]) < 0 or int(head_ids[-1]) >= rows:
-            raise SpecdecError(f"head token ids must lie in [0, {rows}) and not be empty")
-        head, rows = _head_rows(head, head_ids), head_ids.numel()
-    return DecoderWeights(cfg, dense[EMBEDDING].contiguous(), layers, dense["model.norm.weight"].contiguous(),
-                          _linear([head], [None]), head_ids, rows, source.forms, mode, source.origin)
+    at = f"model.layers.{i}."
+    qkv = [f"{at}self_attn.{p}_proj" for p in "qkv"]
+    return LayerWeights(
+        _linear([lin[n] for n in qkv], [dense.get(n + ".bias") for n in qkv]),
+        _linear([lin[at + "self_attn.o_proj"]], [None]),
+        _linear([lin[at + "mlp.gate_proj"], lin[at + "mlp.up_proj"]], [None, None]),
+        _linear([lin[at + "mlp.down_proj"]], [None]),
+        dense[at + "input_layernorm.weight"].contiguous(), dense[at + "post_attention_layernorm.weight"].contiguous(),
+        *(_contiguous(dense.get(f"{at}self_attn.{p}_norm.weight")) for p in "qk"),
+    )
+
+
+def assemble(cfg: DecoderConfig, layers: list[LayerWeights], outside: SourceWeights, mode: str,
+             head_ids: torch.Tensor | None = None) -> DecoderWeights:
+    """The decoder's weights: `layers` and, from `outside`, the embedding, final norm and head."""
+    lin, dense = outside.linears, outside.dense
+    embedding = lin[EMBEDDING_TABLE] if EMBEDDING_TABLE in lin else dense[EMBEDDING].contiguous()
+    head, head_ids, rows = head_weights(None, lin[HEAD], head_ids)
+    return DecoderWeights(cfg, embedding, layers, dense["model.norm.weight"].contiguous(), head, head_ids, rows,
+                          outside.forms, mode, outside.origin)
+
+
+def head_weights(packed: Linear | None, source: Q4Weight | Q8Weight, head_ids: torch.Tensor | None
+                 ) -> tuple[Linear, torch.Tensor | None, int]:
+    """The output layer (`packed`, the whole of `source` packed, where given), or, with
+    `head_ids`, the rows of those ids cut from `source`; with the sorted ids and the row count."""
+    rows = source.codes.shape[0]
+    if head_ids is None:
+        return packed or _linear([source], [None]), None, rows
+    head_ids = torch.unique(head_ids.long())
+    if head_ids.numel() == 0 or int(head_ids[0]) < 0 or int(head_ids[-1]) >= rows:
+        raise SpecdecError(f"head token ids must lie in [0, {rows}) and not be empty")
+    return _linear([_head_rows(source, head_ids)], [None]), head_ids, head_ids.numel()
