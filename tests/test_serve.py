@@ -310,6 +310,7 @@ BAD = [
     ("completions", {"prompt": PROMPT, "stop": 5}, 400, "stop must be a string"),
     ("completions", {"prompt": PROMPT, "temperature": "hot"}, 400, "temperature must be a number"),
     ("completions", {"prompt": PROMPT, "logprobs": 50}, 400, "logprobs must be between"),
+    ("completions", {"prompt": PROMPT, "min_p": 1}, 400, "min_p must be in [0, 1)"),
     ("chat/completions", {"messages": []}, 400, "messages must be a non-empty list"),
     ("chat/completions", {"prompt": PROMPT}, 400, "messages is missing"),
     ("chat/completions", {"messages": [{"role": "user", "content": " "}]}, 400, "every message is empty"),

@@ -249,8 +249,8 @@ def _sampling(body: dict, model: Model) -> Sampling:
     elif top_k < 1:
         raise invalid(f"top_k must be >= 1 (or 0 / -1: off), got {top_k}", "top_k")
     min_p = _number(body, "min_p", d.min_p)
-    if min_p is not None and not 0 <= min_p <= 1:
-        raise invalid(f"min_p must be in [0, 1], got {min_p}", "min_p")
+    if min_p is not None and not 0 <= min_p < 1:
+        raise invalid(f"min_p must be in [0, 1) (0: off; 0.05 is llama.cpp's default), got {min_p}", "min_p")
     if min_p == 0:
         min_p = None
     if min_p is not None and not model.takes_min_p:
