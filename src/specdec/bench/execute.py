@@ -126,7 +126,7 @@ class Executor:
         result = generate(
             runtime_of(self.target, preallocate=not method.cat), prompt_ids,
             drafter=build_proposer(method, self.drafts, self._pay_rule(method)), max_new_tokens=max_new_tokens,
-            temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, seed=seed,
+            temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, min_p=s.min_p, seed=seed,
             eos_token_id=list(self.settings.eos_token_ids),
         )
         st = result.stats

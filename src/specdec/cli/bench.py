@@ -94,7 +94,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     text = args.methods if args.methods is not None else "" if args.endpoint else DEFAULT_METHODS
     local = parse_list(text, {**draft_flags(args), "ngram": ("--max-ngram", args.max_ngram)}) if text else []
-    sampling = SamplingConfig(args.temperature, args.top_k, args.top_p)  # validates them
+    sampling = SamplingConfig(args.temperature, args.top_k, args.top_p, args.min_p)  # validates them
     at_least_one(args, "repeats", "max_new_tokens", "concurrency")
     endpoints, baselines = bench_endpoints(args, local, sampling)
     methods = local + [parse(f"endpoint:name={e.name}") for e in endpoints]
@@ -261,7 +261,8 @@ def bench_config(args: argparse.Namespace, methods: list[Method], prompts, datas
         "prompt_ids": [p.id for p in prompts],
         "raw": args.raw,
         "max_new_tokens": args.max_new_tokens,
-        "sampling": {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p, "seed": args.seed},
+        "sampling": {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p, "min_p": args.min_p,
+                     "seed": args.seed},
         "repeats": args.repeats,
         "warmup_tokens": min(WARMUP_TOKENS, args.max_new_tokens),
         "memory": {"kind": memory_kind, "meaning": KINDS[memory_kind]},

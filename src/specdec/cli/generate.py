@@ -54,6 +54,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         result = generate(
             runtime_of(target, preallocate=not method.cat), prompt, drafter=drafter,
             max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+            min_p=args.min_p,
             seed=args.seed, on_commit=streamer.on_commit if streamer else None,
         )
     except GenerationInterrupted as interrupt:  # Ctrl-C: still show what was committed

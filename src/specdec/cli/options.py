@@ -47,7 +47,7 @@ def check_sampling(args: argparse.Namespace) -> None:
     model loads, so a bad value is the only line printed."""
     from ..decode.sampling import SamplingConfig
 
-    SamplingConfig(args.temperature, args.top_k, args.top_p)  # validates them
+    SamplingConfig(args.temperature, args.top_k, args.top_p, args.min_p)  # validates them
 
 
 def check_target_options(args: argparse.Namespace) -> None:
