@@ -155,3 +155,52 @@ def test_a_second_load_reads_the_cache_not_the_gguf(tmp_path, monkeypatch):
     shutil.copy2(path, moved)  # another path: prepared anew (the cache is keyed by path and content)
     monkeypatch.undo()
     assert torch.equal(load_gguf(str(moved)).forward(PROMPT), first)
+
+
+@pytest.mark.real
+def test_a_real_files_every_tensor_is_kept_exactly():
+    """The 0.5B draft's Q4_K_M file mixes Q4_K, Q5_0, Q6_K and Q8_0: each of its weights as the
+    native runtime holds it decodes to gguf-py's floats bit for bit."""
+    import numpy as np
+    from gguf import GGUFReader, quants
+
+    from specdec.models.registry import gguf_file
+    from specdec.quant.gguf_source import EXACT
+
+    reader = GGUFReader(str(gguf_file("qwen2.5-coder-0.5b-instruct")))
+    kinds = set()
+    for tensor in reader.tensors:
+        if len(tensor.shape) != 2:
+            continue
+        shape = tuple(int(n) for n in reversed(tensor.shape.tolist()))
+        assert tensor.tensor_type in EXACT, tensor.name
+        ours = EXACT[tensor.tensor_type](tensor.data, shape).dequantize()
+        theirs = np.asarray(quants.dequantize(tensor.data, tensor.tensor_type), dtype=np.float32).reshape(shape)
+        assert torch.equal(ours, torch.from_numpy(theirs)), tensor.name
+        kinds.add(tensor.tensor_type.name)
+    assert kinds == {"Q4_K", "Q5_0", "Q6_K", "Q8_0"}
+
+
+@pytest.mark.real
+def test_a_registry_file_given_by_path_gives_the_registry_names_tokens(tmp_path, capsys):
+    """generate with --target/--draft as GGUF paths (a copy of SmolLM2's file) prints the tokens
+    the registry name gives, plain and speculative, and writes no dense conversion."""
+    import json
+
+    from gguf_files import smollm2_gguf
+
+    from specdec.cli import main
+
+    copy = tmp_path / "smol.gguf"
+    shutil.copy(smollm2_gguf(), copy)
+    outs = {}
+    for name in ("smollm2-135m-instruct", str(copy)):
+        for proposer in ("none", "draft:k=3:quant=int4"):
+            argv = ["generate", "--target", name, "--draft", name, "--target-quant", "auto", "--prompt", "def fib(n):",
+                    "--raw", "--max-new-tokens", "24", "--json", "--proposer", proposer]
+            assert main(argv) == 0
+            captured = capsys.readouterr()
+            assert "on the native runtime (int4" in captured.err
+            outs[name, proposer] = json.loads(captured.out)["new_tokens"]
+    assert len(set(map(tuple, outs.values()))) == 1, outs
+    assert not list((tmp_path / "cache").rglob("config.json"))  # no Hugging Face folder was made

@@ -45,6 +45,10 @@ def load_model(
         raise SpecdecError(f"unknown dtype {dtype!r}; use one of: auto, {', '.join(DTYPES)}")
     check_options(quant, group, device, name_or_path)  # before the slow part
     spec = REGISTRY.get(name_or_path)
+    if spec is None and name_or_path.endswith(".gguf"):
+        raise SpecdecError(f"{name_or_path} is a GGUF file: it runs on specdec's native runtime, as it is or as an int8 "
+                           "or int3 form (--target-quant/--draft-quant int4, int8, int3; not dense, not --runtime hf); "
+                           "for transformers' model pass a Hugging Face folder")
     folder = converted_folder(spec) if spec else _local_folder(name_or_path)
     # Converted (or read from the cache) before this model loads: a conversion loads its own
     # dense copy, and two dense copies of the 1.5B target in float32 and bf16 take 9 GB.
