@@ -12,18 +12,23 @@ if TYPE_CHECKING:
     from .models.load import load_model
     from .prompts.chat import encode_prompt
     from .proposers import DraftModel, Hybrid, PromptLookup, TreeDraft
+    from .runtime.load import gguf_model as load_gguf
 
 # Where each public name lives: imported on first use, so that `specdec --help` and commands
 # that need no model do not import torch and transformers (seconds).
 _HOMES = {"GenerationResult": "decode.engine", "generate": "decode.engine", "SamplingConfig": "decode.sampling",
           "GenerationStats": "decode.stats", "load_model": "models.load", "encode_prompt": "prompts.chat",
-          "DraftModel": "proposers", "Hybrid": "proposers", "PromptLookup": "proposers", "TreeDraft": "proposers"}
+          "DraftModel": "proposers", "Hybrid": "proposers", "PromptLookup": "proposers", "TreeDraft": "proposers",
+          "load_gguf": ("runtime.load", "gguf_model")}
 
 
 def __getattr__(name: str):
     if name not in _HOMES:
         raise AttributeError(f"module 'specdec' has no attribute {name!r}")
-    return getattr(import_module(f".{_HOMES[name]}", __name__), name)
+    home = _HOMES[name]
+    module, attribute = home if isinstance(home, tuple) else (home, name)
+    return getattr(import_module(f".{module}", __name__), attribute)
+
 
 __all__ = [
     "DraftModel",
@@ -36,5 +41,6 @@ __all__ = [
     "TreeDraft",
     "encode_prompt",
     "generate",
+    "load_gguf",
     "load_model",
 ]
