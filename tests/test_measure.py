@@ -7,7 +7,8 @@ from conftest import word_tokenizer
 
 from specdec import DraftModel, PromptLookup, generate
 from specdec.cost.model import Acceptance, Costs, Rounds, predicted_speedup
-from specdec.decode.lm import CausalLM, shared_prefix
+from specdec.decode.lm import CausalLM
+from specdec.decode.rows import shared_prefix
 from specdec.decode.stats import GenerationStats
 from specdec.errors import SpecdecError
 from specdec.methods.spec import Method, parse

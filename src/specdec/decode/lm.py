@@ -12,12 +12,12 @@ from ..models.draft_head import HEAD_IDS
 from ..models.load import eos_token_ids, logit_width
 from .cache import KVCache, PreallocatedLayer, cache_keyword
 from .interface import Runtime
+from .rows import PREFILL_CHUNK, shared_prefix, tree_layout
 
 # Prompts are prefilled in blocks of at most this many tokens: a forward's activations (the MLP's
 # intermediate rows, attention scores where SDPA materialises them) grow with its rows: at 8K one
 # block raised the 1.5B target's peak by 1.5 GiB, 1024-token blocks by 0.7 GiB, in about the
 # same time (docs/kv_layout.md). Shorter prompts are one block, as before.
-PREFILL_CHUNK = 1024
 
 
 class CausalLM:
@@ -195,32 +195,6 @@ class CausalLM:
         where = first_row_position + bad.long().argmax()
         found = torch.where(bad.any(), where, -1)
         self.nonfinite_at = torch.where(self.nonfinite_at >= 0, self.nonfinite_at, found)
-
-
-def tree_layout(parents: list[int]) -> tuple[list[int], torch.Tensor]:
-    """Depths of [root, node 0..n-1] and which of them each one sees ([n+1, n+1] bool:
-    row a, column b is True when b is a's ancestor or a itself; the root is index 0)."""
-    n = len(parents)
-    sees = torch.eye(n + 1, dtype=torch.bool)
-    sees[:, 0] = True
-    depth = [0] * (n + 1)
-    for i, parent in enumerate(parents):
-        if not -1 <= parent < i:
-            raise SpecdecError(f"node {i}'s parent {parent} must be -1 or an earlier node")
-        sees[i + 1] |= sees[parent + 1]
-        depth[i + 1] = depth[parent + 1] + 1
-    return depth, sees
-
-
-
-
-
-
-def shared_prefix(a: torch.Tensor, b: torch.Tensor) -> int:
-    """Length of the longest common prefix of two 1-D token tensors."""
-    n = min(a.numel(), b.numel())
-    differ = (a[:n] != b[:n]).nonzero()
-    return int(differ[0]) if differ.numel() else n
 
 
 def runtime_of(target: PreTrainedModel | Runtime, preallocate: bool = True) -> Runtime:

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 import torch
 
-from ..decode.lm import PREFILL_CHUNK, shared_prefix, tree_layout
+from ..decode.rows import PREFILL_CHUNK, shared_prefix, tree_layout
 from ..errors import SpecdecError
 from .native import Decoder
 
