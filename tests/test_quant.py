@@ -143,7 +143,7 @@ def test_quantizing_a_prepared_model_is_refused():
 @pytest.mark.parametrize("argv, message", [
     (["generate", "--prompt", "x", "--proposer", "llamacpp"], "has no specdec proposer: it is another engine's own generation"),
     (["bench", "--dataset", "humaneval", "--out", "OUT", "--methods", "ar,llamacpp", "--target", "some/folder"],
-     "only registry targets have"),
+     "only GGUF targets (a file or a registry name) have"),
     (["bench", "--dataset", "humaneval", "--out", "OUT", "--methods", "ar,llamacpp", "--target", SMOL,
       "--temperature", "1"], "greedy decoding only"),
     (["generate", "--prompt", "x", "--draft-int8", "--draft-quant", "int4"], "--draft-int8 contradicts --draft-quant int4"),

@@ -79,9 +79,9 @@ class Executor:
         llama_methods = [m for m in resolved if m.is_llamacpp]
         if llama_methods:
             check_llamacpp(llama_methods, self.target_name, self.settings.sampling)
-            from ..models.registry import gguf_file
+            from ..gguf import gguf_path
 
-            gguf = gguf_file(self.target_name)
+            gguf = gguf_path(self.target_name)
             for m in llama_methods:
                 lookup = (m.k, m.ngram) if m.kind == "llamacpp-lookup" else None
                 self._llamas[m] = llamacpp.load(gguf, n_ctx=LLAMACPP_CONTEXT, lookup=lookup)
@@ -187,14 +187,14 @@ class Executor:
 
 def check_llamacpp(methods: list[Method], target_name: str | None, sampling: SamplingConfig) -> None:
     """One-line errors for llama.cpp methods it cannot run here (checked before models load)."""
-    from ..models.registry import REGISTRY
+    from ..gguf import is_gguf
 
     if not methods:
         return
     label = methods[0].label
-    if target_name not in REGISTRY:
-        raise SpecdecError(f"{label} runs llama.cpp on the target's GGUF file, which only registry targets have "
-                           f"({', '.join(sorted(REGISTRY))}); not {target_name}")
+    if target_name is None or not is_gguf(target_name):
+        raise SpecdecError(f"{label} runs llama.cpp on the target's GGUF file, which only GGUF targets (a file or a "
+                           f"registry name) have; not {target_name}")
     if not sampling.greedy:
         raise SpecdecError(f"{label} runs greedy decoding only: drop --temperature")
     try:

@@ -62,13 +62,10 @@ def cmd_perplexity(args: argparse.Namespace) -> int:
 
 def article_ids(target: str, tokens: int) -> list[int]:
     """The leading `tokens` token ids of the bundled news articles, by the target's tokenizer."""
-    from transformers import AutoTokenizer
-
-    from ..models.registry import REGISTRY, converted_folder
+    from ..models.load import load_tokenizer
     from ..prompts.long import articles
 
-    folder = converted_folder(REGISTRY[target]) if target in REGISTRY else target
-    tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    tokenizer = load_tokenizer(target)
     return tokenizer("\n\n".join(articles()), add_special_tokens=False)["input_ids"][:tokens]
 
 
@@ -80,9 +77,9 @@ def score(engine: str, ids: list[int], args: argparse.Namespace) -> dict:
 
     start = time.perf_counter()
     if engine == "llamacpp":
-        from ..models.registry import gguf_file
+        from ..gguf import gguf_path
 
-        llm = llamacpp.load(gguf_file(args.target), n_ctx=args.window, n_threads=args.threads, logits_all=True)
+        llm = llamacpp.load(gguf_path(args.target), n_ctx=args.window, n_threads=args.threads, logits_all=True)
         result = llamacpp.nll(llm, ids, args.window, args.stride, progress=True)
         label = "llama.cpp (GGUF)"
         del llm

@@ -15,11 +15,11 @@ from .advice import Choice
 
 def llamacpp_available(target_name: str) -> str | None:
     """Why llama.cpp is not timed here, or None when it is."""
-    from ..models.registry import REGISTRY
+    from ..gguf import is_gguf
 
     if importlib.util.find_spec("llama_cpp") is None:
         return "llama-cpp-python is not installed (bash scripts/setup_llamacpp.sh)"
-    if target_name not in REGISTRY:
+    if not is_gguf(target_name):
         return "the target is a local folder: no GGUF of it to run"
     return None
 
@@ -28,9 +28,9 @@ def time_llamacpp(target_name: str, prompts: list[list[int]], tokens: int,
                   progress: Callable[[str], None] = lambda _: None) -> dict:
     """llama.cpp's decode tokens/s pooled over `prompts` (one discarded warm-up first)."""
     from ..external import llamacpp
-    from ..models.registry import gguf_file
+    from ..gguf import gguf_path
 
-    gguf = gguf_file(target_name)
+    gguf = gguf_path(target_name)
     progress(f"llama.cpp plain decoding of {gguf.name} on {len(prompts)} prompts")
     llm = llamacpp.load(gguf, n_ctx=max(len(p) for p in prompts) + tokens + 8)
     llamacpp.generate(llm, prompts[0], 8)
