@@ -24,6 +24,7 @@ from specdec.models import quant_cache as qcache
 from specdec.models import quantized as qmodel
 from specdec.models.draft_quant import quantize_draft
 from specdec.models.quant_cache import quantize_model
+from specdec.models.quant_options import check_options
 from specdec.models.quantized import FORMAT, load, quantize_weights, save
 
 PROMPT = [3, 17, 42, 5, 9, 11, 3, 17, 42]
@@ -130,7 +131,7 @@ def test_a_group_that_does_not_divide_the_model_is_refused():
 
 def test_a_registry_model_keeps_its_gguf_groups():
     with pytest.raises(SpecdecError, match="groups of 32: --quant-group 64 applies to Hugging Face folders"):
-        qcache.check_options("int4", 64, "cpu", SMOL)
+        check_options("int4", 64, "cpu", SMOL)
 
 
 def test_quantizing_a_prepared_model_is_refused():

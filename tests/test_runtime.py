@@ -295,7 +295,7 @@ def test_the_runtime_choice_says_why_native_cannot_run_a_model():
     with pytest.raises(SpecdecError, match="--runtime native: it runs int4 or int8 weights"):
         use_native("native", "smollm2-135m-instruct", "none", "cpu")
     assert use_native("auto", "smollm2-135m-instruct", "int3", "cpu")
-    from specdec.models.quant_cache import check_options
+    from specdec.models.quant_options import check_options
 
     with pytest.raises(SpecdecError, match="int3 weights run on specdec's native runtime only"):
         check_options("int3", 32)  # what a draft on transformers' model (--runtime hf) meets

@@ -18,7 +18,7 @@ from transformers import GenerationConfig, PreTrainedModel
 from transformers.generation import BaseStreamer
 
 from ..decode.engine import generate
-from ..decode.lm import runtime_of
+from ..decode.interface import runtime_of
 from ..decode.sampling import SamplingConfig
 from ..errors import SpecdecError
 from ..external import llamacpp

@@ -160,7 +160,8 @@ def _load_random(args: argparse.Namespace):
 
     if args.draft_vocab:
         raise SpecdecError("--draft-vocab counts token frequencies with the tokenizer: not with --random-weights")
-    from ..models.quant_cache import check_options, quantize_model
+    from ..models.quant_cache import quantize_model
+    from ..models.quant_options import check_options
 
     # Rounded, not from the GGUF: a random model's costs do not depend on the weights' values.
     say_target_form(args)

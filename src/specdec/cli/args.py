@@ -145,7 +145,7 @@ def target_runtime(args: argparse.Namespace, runtime: str | None = None) -> str:
 def quant_record(args: argparse.Namespace, runtime: str | None = None) -> dict:
     """How the target's weights are quantized and why, and the runtime it runs on, for configs
     and advice (machine.environment); `runtime` as in target_runtime."""
-    from ..models.quant_cache import describe
+    from ..models.quant_options import describe
 
     where = target_runtime(args, runtime)  # resolves --target-quant auto first
     return {"target": describe(args.target_quant, args.quant_group), "group": args.quant_group,
@@ -264,20 +264,25 @@ def load_drafts(args: argparse.Namespace, target, tokenizer, methods: list[Metho
     draft = draft_tokenizer = None
     if any(m.draft_variant not in native for m in drafting):
         draft, draft_tokenizer = load_model(args.draft, args.dtype, args.device, args.trust_remote_code)
-    # checked before the variants are made: a restricted head scores fewer ids by design
-    check_same_vocab(tokenizer, draft_tokenizer or load_tokenizer(args.draft, args.trust_remote_code), target, draft)
+    if not check_gguf_pair(args):  # a GGUF pair is judged by its metadata; else by the tokenizers, and
+        # before the variants are made: a restricted head scores fewer ids by design
+        check_same_vocab(tokenizer, draft_tokenizer or load_tokenizer(args.draft, args.trust_remote_code), target,
+                         draft)
     drafts = Drafts(draft, tokenizer, reuse_caches, source=args.draft, group=args.quant_group, native=native)
     drafts.prepare(methods)
     return drafts
 
 
-def check_gguf_pair(args: argparse.Namespace) -> None:
+def check_gguf_pair(args: argparse.Namespace) -> bool:
     """Where --target and --draft are both GGUF files (or registry names), refuse a draft of
-    another tokenizer before any weight loads (specdec.gguf.check_pair)."""
+    another tokenizer from their metadata (specdec.gguf.check_pair; cheap, so load_proposer asks
+    before any weight loads); whether they were both GGUF."""
     from ..gguf import check_pair, gguf_path, is_gguf, prepared
 
-    if args.draft != "none" and is_gguf(args.target) and is_gguf(args.draft):
-        check_pair(prepared(gguf_path(args.target))[1], prepared(gguf_path(args.draft))[1])
+    if args.draft == "none" or not (is_gguf(args.target) and is_gguf(args.draft)):
+        return False
+    check_pair(prepared(gguf_path(args.target))[1], prepared(gguf_path(args.draft))[1])
+    return True
 
 
 def draft_quant(args: argparse.Namespace, method: Method) -> str:

@@ -53,7 +53,7 @@ def check_sampling(args: argparse.Namespace) -> None:
 def check_target_options(args: argparse.Namespace) -> None:
     """--target-quant (resolved), --quant-group and --device checked for the target before it
     loads (the loader checks them again, after the lines that say what loads)."""
-    from ..models.quant_cache import check_options
+    from ..models.quant_options import check_options
 
     check_options(args.target_quant, args.quant_group, args.device, args.target)
 
@@ -71,7 +71,7 @@ def positive_settings(args: argparse.Namespace, settings: type) -> None:
 def check_draft_form(args: argparse.Namespace, method) -> None:
     """A draft form only specdec's native runtime runs (int3), asked where the draft would run on
     transformers' model (--runtime hf, a GPU, a folder): the loader's error, before the target loads."""
-    from ..models.quant_cache import check_options
+    from ..models.quant_options import check_options
     from ..quant import NATIVE_ONLY
     from ..runtime.choose import use_native
 

@@ -84,7 +84,7 @@ def server_key(args: argparse.Namespace) -> str | None:
 def build_server(args: argparse.Namespace):
     """The uvicorn server and the decode worker (not started) for these arguments. The models load
     in the worker through load_proposer, as `specdec generate` loads them."""
-    from ..decode.lm import runtime_of
+    from ..decode.interface import runtime_of
     from ..serve.app import Settings
     from ..serve.metrics import ServerMetrics
     from ..serve.request import Defaults

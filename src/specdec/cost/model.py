@@ -24,7 +24,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
-from scipy.optimize import brentq
 
 
 def expected_accepted_iid(alpha: float, k: int) -> float:
@@ -138,6 +137,8 @@ def fit_alpha(acceptance: Acceptance) -> float:
         return 0.0
     if target >= k:
         return 1.0
+    from scipy.optimize import brentq  # scipy costs a second at import; generate never needs it
+
     return float(brentq(lambda a: expected_accepted_iid(a, k) - target, 0.0, 1.0, xtol=1e-15))
 
 
@@ -260,6 +261,8 @@ def break_even_alpha(costs: Costs, k: int) -> float | None:
         return None
     if top == 0.0:
         return 1.0
+    from scipy.optimize import brentq
+
     return float(brentq(excess, 0.0, 1.0, xtol=1e-15))
 
 

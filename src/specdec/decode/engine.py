@@ -21,19 +21,20 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
-from transformers import PreTrainedModel
 
 from ..errors import SpecdecError
-from ..models.load import token_ids
-from .interface import Runtime
-from .lm import runtime_of
+from .interface import Runtime, runtime_of
 from .proposal import Proposal, Proposer
 from .sampling import SamplingConfig, pick
 from .stats import GenerationStats, PhaseClock
 from .verify import Verdict, verify_greedy, verify_sampling
 from .verify_tree import verify_tree
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 # on_commit(tokens, from_draft): the tokens committed this round, of which the first
 # `from_draft` were the proposer's guesses and the rest came from the target. A true return
@@ -94,7 +95,8 @@ def generate(
     prompt = _prompt_tensor(input_ids, lm)
     if max_new_tokens < 1:
         raise SpecdecError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    eos = frozenset(lm.eos_token_ids if eos_token_id is None else token_ids(eos_token_id))
+    eos = frozenset(lm.eos_token_ids if eos_token_id is None else
+                    (eos_token_id,) if isinstance(eos_token_id, int) else (int(t) for t in eos_token_id))
     generator = torch.Generator(device=lm.device)
     generator.manual_seed(seed if seed is not None else int(torch.seed()))
 

@@ -59,3 +59,19 @@ class Runtime(Protocol):
 
     def layer_lengths(self) -> list[int]:
         """Positions held by each layer's cache (all equal in a consistent cache)."""
+
+
+def runtime_of(target, preallocate: bool = True) -> Runtime:
+    """The runtime a generation runs `target` on: a transformers model in a fresh decode.lm.CausalLM
+    (`preallocate` False: transformers' concatenating cache, cat=1), any other runtime as it is
+    (it starts a fresh cache at its next prefill). A runtime is told by its members, so a native
+    one never imports transformers' model classes (seconds at start-up)."""
+    from ..errors import SpecdecError
+
+    if not hasattr(target, "prefill"):  # a transformers model, not a Runtime
+        from .lm import CausalLM
+
+        return CausalLM(target, preallocate=preallocate)
+    if not preallocate:
+        raise SpecdecError("cat=1 measures transformers' concatenating KV cache: run it with --runtime hf")
+    return target

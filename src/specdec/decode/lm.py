@@ -11,7 +11,6 @@ from ..forward import attention, block_invariant, prefer_gqa_attention, prepare
 from ..models.draft_head import HEAD_IDS
 from ..models.load import eos_token_ids, logit_width
 from .cache import KVCache, PreallocatedLayer, cache_keyword
-from .interface import Runtime
 from .rows import PREFILL_CHUNK, shared_prefix, tree_layout
 
 # Prompts are prefilled in blocks of at most this many tokens: a forward's activations (the MLP's
@@ -195,14 +194,3 @@ class CausalLM:
         where = first_row_position + bad.long().argmax()
         found = torch.where(bad.any(), where, -1)
         self.nonfinite_at = torch.where(self.nonfinite_at >= 0, self.nonfinite_at, found)
-
-
-def runtime_of(target: PreTrainedModel | Runtime, preallocate: bool = True) -> Runtime:
-    """The runtime a generation runs `target` on: a transformers model in a fresh CausalLM
-    (`preallocate` False: transformers' concatenating cache, cat=1), any other runtime as it is
-    (it starts a fresh cache at its next prefill)."""
-    if isinstance(target, PreTrainedModel):
-        return CausalLM(target, preallocate=preallocate)
-    if not preallocate:
-        raise SpecdecError("cat=1 measures transformers' concatenating KV cache: run it with --runtime hf")
-    return target

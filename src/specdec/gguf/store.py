@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 import sys
+from functools import cache
 from pathlib import Path
 
 from ..errors import SpecdecError
@@ -48,9 +49,13 @@ def prepared(path: Path) -> tuple[Path, GgufModel]:
             if not _complete(folder, key):
                 remove_stale_temps(root)
                 _prepare(path, folder, key)
+    return folder, _read(folder)
+
+
+@cache  # a command asks for a file's model several times (form, pair check, loads)
+def _read(folder: Path) -> GgufModel:
     record = json.loads((folder / "model.json").read_text())
-    tokens = tuple(json.loads((folder / "tokens.json").read_text()))
-    return folder, GgufModel.from_record(record, tokens)
+    return GgufModel.from_record(record, tuple(json.loads((folder / "tokens.json").read_text())))
 
 
 def _complete(folder: Path, key: dict) -> bool:

@@ -15,19 +15,21 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
-from transformers import PreTrainedModel
 
 from ..decode.interface import Runtime
-from ..decode.lm import CausalLM
 from ..decode.proposal import Proposer
 from ..errors import SpecdecError
-from ..models.draft_head import frequent_head_ids, restrict_to_frequent
-from ..models.draft_quant import quantize_draft
 from ..proposers import DraftModel
 from ..proposers.policy import AcceptanceSchedule, ConfidenceFloor, PayRule, Policy, combined
 from .kinds import KINDS
 from .spec import Method
+
+if TYPE_CHECKING:  # a native draft needs none of transformers' model side (seconds at start-up)
+    from transformers import PreTrainedModel
+
+    from ..decode.lm import CausalLM
 
 Variant = tuple[str | None, int | None]  # (quant, vocab), as Method.draft_variant
 PLAIN: Variant = (None, None)
@@ -90,6 +92,8 @@ class Drafts:
         key = (method.draft_variant, method.cat)
         if key in self._lms:
             return self._lms[key]
+        from ..decode.lm import CausalLM
+
         lm = CausalLM(self.model(method.draft_variant), preallocate=not method.cat, invariant=False)
         if self.reuse_caches:
             self._lms[key] = lm
@@ -103,10 +107,15 @@ class Drafts:
         if vocab is not None:
             if self.tokenizer is None:
                 raise SpecdecError("vocab=N counts token frequencies with the tokenizer: pass the target's tokenizer")
+            from ..models.draft_head import frequent_head_ids
+
             head = frequent_head_ids(self.tokenizer, vocab, len(self.tokenizer))
         return load_gguf(self.source, quant or "int4", head_ids=head)  # a GGUF file's own blocks
 
     def _make(self, variant: Variant, in_place: bool) -> PreTrainedModel:
+        from ..models.draft_head import restrict_to_frequent
+        from ..models.draft_quant import quantize_draft
+
         if self._consumed_by is not None:  # the loaded model is a variant now: nothing to copy from
             made = Method("draft", quant=self._consumed_by[0], vocab=self._consumed_by[1]).label
             raise SpecdecError(f"the draft was made into {made} already: prepare every method at once")

@@ -20,7 +20,8 @@ from transformers import PreTrainedModel
 from .. import kernels
 from ..errors import SpecdecError
 from ..forward import PREPARED_FIX, is_prepared
-from .quant_cache import check_options, quantize_model
+from .quant_cache import quantize_model
+from .quant_options import check_options
 
 
 def int8_draft(model: PreTrainedModel) -> PreTrainedModel:

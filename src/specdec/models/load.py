@@ -4,14 +4,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from ..errors import SpecdecError
-from ..forward import prefer_gqa_attention
 from ..machine import native_bf16
 from .registry import DEFAULT_DRAFT, DEFAULT_TARGET, REGISTRY, converted_folder, known_models
+
+if TYPE_CHECKING:  # transformers' model side is imported where a model loads (seconds at start-up)
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 __all__ = ["DEFAULT_DRAFT", "DEFAULT_TARGET", "DTYPES", "check_same_vocab", "load_model", "random_model", "resolve_dtype"]
 
@@ -38,7 +40,11 @@ def load_model(
     registry model from its GGUF, converted once into the model cache; a folder rounded, int4 in
     groups of `group` inputs); norms and attention stay in `dtype`, and the quantized layers read
     and write it (their activations are quantized to int8 inside the kernels)."""
-    from .quant_cache import check_options, quantize_model, registry_weights
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from ..forward import prefer_gqa_attention
+    from .quant_cache import quantize_model, registry_weights
+    from .quant_options import check_options
 
     dtype = resolve_dtype(dtype, device)
     if dtype not in DTYPES:
@@ -66,6 +72,10 @@ def random_model(name_or_path: str, dtype: str = "auto", device: str = "cpu") ->
     """A model of the architecture of `name_or_path` with random weights: timing a forward does
     not depend on the weights' values, so costs can be measured where the weights are absent.
     Registry models' architectures ship with specdec; a folder needs only its config.json."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from ..forward import prefer_gqa_attention
+
     dtype = resolve_dtype(dtype, device)
     if dtype not in DTYPES:
         raise SpecdecError(f"unknown dtype {dtype!r}; use one of: auto, {', '.join(DTYPES)}")
@@ -136,6 +146,8 @@ def load_tokenizer(name_or_path: str, trust_remote_code: bool = False) -> PreTra
 
     if is_gguf(name_or_path):
         return tokenizer_of(name_or_path)
+    from transformers import AutoTokenizer
+
     return AutoTokenizer.from_pretrained(_local_folder(name_or_path), trust_remote_code=trust_remote_code,
                                          local_files_only=True)
 
@@ -150,12 +162,12 @@ def logit_width(model: PreTrainedModel) -> int:
 def scored_width(model) -> int:
     """Token ids a model scores: a transformers model's output layer, or a runtime's vocab_size
     (decode.interface.Runtime, e.g. the native runtime's)."""
-    return logit_width(model) if isinstance(model, PreTrainedModel) else model.vocab_size
+    return model.vocab_size if _is_runtime(model) else logit_width(model)
 
 
 def eos_of(model) -> tuple[int, ...]:
     """End-of-sequence ids of a transformers model or a runtime."""
-    return eos_token_ids(model) if isinstance(model, PreTrainedModel) else model.eos_token_ids
+    return model.eos_token_ids if _is_runtime(model) else eos_token_ids(model)
 
 
 def eos_token_ids(model: PreTrainedModel) -> tuple[int, ...]:
@@ -168,3 +180,8 @@ def token_ids(value: int | Sequence[int]) -> tuple[int, ...]:
     """One token id or several, as a tuple."""
     return (value,) if isinstance(value, int) else tuple(int(t) for t in value)
 
+
+def _is_runtime(model) -> bool:
+    """A decode.interface.Runtime (told by its members, as decode.interface.runtime_of does), not a
+    transformers model."""
+    return hasattr(model, "prefill")

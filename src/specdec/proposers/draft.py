@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
-import torch
-from transformers import PreTrainedModel
+from typing import TYPE_CHECKING
 
-from ..decode.lm import CausalLM
+import torch
+
 from ..decode.proposal import Proposal
 from ..decode.sampling import SamplingConfig, draw, probs
 from ..errors import SpecdecError
 from .policy import Policy
+
+if TYPE_CHECKING:  # a native draft never imports transformers' model classes (seconds at start-up)
+    from transformers import PreTrainedModel
+
+    from ..decode.lm import CausalLM
 
 
 class DraftModel:
@@ -35,7 +40,7 @@ class DraftModel:
         if k < 1:
             raise SpecdecError(f"k must be >= 1, got {k}")
         self.k, self.policy = k, policy or Policy()
-        self.lm = CausalLM(model, invariant=False) if isinstance(model, PreTrainedModel) else model
+        self.lm = model if hasattr(model, "prefill") else _draft_lm(model)
         # A head restricted to some token ids (specdec.models.draft_head) scores only those; their
         # logits are spread back over the full vocabulary, the rest at -inf (q = 0 there).
         self._head_ids = self.lm.head_ids
@@ -128,3 +133,10 @@ class OverDraft:
 
     def rollback(self, committed_len: int) -> None:
         self.draft.rollback(committed_len)
+
+
+def _draft_lm(model):
+    """A transformers draft in a CausalLM that keeps its logits in the model's dtype."""
+    from ..decode.lm import CausalLM
+
+    return CausalLM(model, invariant=False)

@@ -3,13 +3,17 @@ alternative leaves: the target scores the whole tree in one forward (verify_tree
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
-from ..decode.lm import CausalLM
 from ..decode.proposal import Proposal
 from ..decode.sampling import SamplingConfig
 from ..errors import SpecdecError
 from .draft import DraftModel, OverDraft, guess
+
+if TYPE_CHECKING:
+    from ..decode.lm import CausalLM
 
 
 class TreeDraft(OverDraft):
