@@ -150,10 +150,13 @@ def test_a_second_load_reads_the_cache_not_the_gguf(tmp_path, monkeypatch):
     monkeypatch.setattr(store, "describe", lambda *a: pytest.fail("metadata parsed again"))
     monkeypatch.setattr(source, "linear_weights", lambda *a: pytest.fail("weights read again"))
     assert torch.equal(load_gguf(str(path)).forward(PROMPT), first)
+    path.touch()  # a changed file (its mtime) is prepared anew, and its old folder removed
+    monkeypatch.undo()
+    assert torch.equal(load_gguf(str(path)).forward(PROMPT), first)
+    assert len(list((tmp_path / "cache" / "gguf").glob("m-*"))) == 1
     moved = tmp_path / "moved" / "m.gguf"
     moved.parent.mkdir()
     shutil.copy2(path, moved)  # another path: prepared anew (the cache is keyed by path and content)
-    monkeypatch.undo()
     assert torch.equal(load_gguf(str(moved)).forward(PROMPT), first)
 
 

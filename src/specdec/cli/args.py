@@ -285,6 +285,18 @@ def check_gguf_pair(args: argparse.Namespace) -> bool:
     return True
 
 
+def store_draft(args: argparse.Namespace, method: Method) -> None:
+    """A native GGUF draft's weights read into the model cache before the target loads (a no-op
+    once there): its first conversion then peaks alone, not beside a loaded target."""
+    from ..runtime.choose import use_native
+
+    quant = draft_quant(args, method)
+    if not method.is_hf and use_native(args.runtime, args.draft, quant, args.device):
+        from ..runtime.load import store_gguf
+
+        store_gguf(args.draft, quant)
+
+
 def draft_quant(args: argparse.Namespace, method: Method) -> str:
     """The form a method's draft runs in: its quant=, or, without one, dense for a registry name or
     a folder and the file as it is (int4: its own blocks) for a GGUF file, which has no dense copy."""
@@ -305,8 +317,8 @@ def load_proposer(args: argparse.Namespace, method: Method):
     method, said = resolve(args, method)
     check_specdec(method)  # before the models load (slow)
     advice = pay_advice(args, asked, method)
-    if method.uses_draft:
-        check_gguf_pair(args)
+    if method.uses_draft and check_gguf_pair(args):
+        store_draft(args, method)
     target, tokenizer = load_target(args)
     args.method_reason = f"auto: {said}" if said else "as --proposer says"  # generate's --json reports it
     if said:  # said once the target is known to load, so a bad name still gives a one-line error

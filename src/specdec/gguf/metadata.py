@@ -6,8 +6,11 @@ refused here, before any weight is read, in one line that says what runs it inst
 
 from __future__ import annotations
 
+import hashlib
 import mmap
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import cache
 from pathlib import Path
 
 import numpy as np
@@ -33,17 +36,23 @@ class GgufModel:
     config: DecoderConfig
     eos: tuple[int, ...]
     tokenizer_model: str  # tokenizer.ggml.model: gpt2 (byte-level BPE), llama (SentencePiece), ...
-    tokens: tuple[str, ...]  # the token texts by id
+    tokens_digest: str  # of the token texts: a pair of one family compares these, not 151,936 strings
+    read_tokens: Callable[[], tuple[str, ...]] = field(compare=False, repr=False)
+
+    @property
+    def tokens(self) -> tuple[str, ...]:
+        """The token texts by id (read on first use)."""
+        return self.read_tokens()
 
     def record(self) -> dict:
         """What the model cache keeps of it (GgufModel.from_record reads it back)."""
         return {"path": self.path, "name": self.name, "config": self.config.as_dict(), "eos": list(self.eos),
-                "tokenizer_model": self.tokenizer_model}
+                "tokenizer_model": self.tokenizer_model, "tokens_digest": self.tokens_digest}
 
     @classmethod
-    def from_record(cls, record: dict, tokens: tuple[str, ...]) -> GgufModel:
+    def from_record(cls, record: dict, read_tokens: Callable[[], tuple[str, ...]]) -> GgufModel:
         return cls(record["path"], record["name"], DecoderConfig.from_dict(record["config"]), tuple(record["eos"]),
-                   record["tokenizer_model"], tokens)
+                   record["tokenizer_model"], record["tokens_digest"], cache(read_tokens))
 
 
 def open_reader(path: Path) -> GGUFReader:
@@ -106,7 +115,11 @@ def describe(reader: GGUFReader, path: Path) -> GgufModel:
     ends = {int(v) for k in END_IDS if (v := _value(reader, f"tokenizer.ggml.{k}")) is not None}
     ends |= {i for i, text in enumerate(tokens) if text in END_TEXTS}
     return GgufModel(str(path), str(_value(reader, "general.name", path.stem)), config, tuple(sorted(ends)),
-                     str(_value(reader, "tokenizer.ggml.model", "")), tokens)
+                     str(_value(reader, "tokenizer.ggml.model", "")), tokens_digest(tokens), lambda: tokens)
+
+
+def tokens_digest(tokens: tuple[str, ...]) -> str:
+    return hashlib.sha256("\0".join(tokens).encode()).hexdigest()
 
 
 def _shapes(reader: GGUFReader, arch: str, path: Path, tokens: tuple[str, ...]) -> dict:

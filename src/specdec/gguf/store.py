@@ -19,7 +19,7 @@ from ..errors import SpecdecError
 from ..files import COMPLETE_MARKER, cache_root, exclusive, remove, remove_stale_temps, scratch
 from .metadata import GgufModel, describe, open_reader
 
-FORMAT = 1  # of what a prepared folder holds
+FORMAT = 2  # of what a prepared folder holds
 _ENDS = 1 << 20  # bytes hashed at each end of the file
 
 
@@ -49,13 +49,26 @@ def prepared(path: Path) -> tuple[Path, GgufModel]:
             if not _complete(folder, key):
                 remove_stale_temps(root)
                 _prepare(path, folder, key)
+                _remove_older(path, folder)
     return folder, _read(folder)
 
 
 @cache  # a command asks for a file's model several times (form, pair check, loads)
 def _read(folder: Path) -> GgufModel:
     record = json.loads((folder / "model.json").read_text())
-    return GgufModel.from_record(record, tuple(json.loads((folder / "tokens.json").read_text())))
+    return GgufModel.from_record(record, lambda: tuple(json.loads((folder / "tokens.json").read_text())))
+
+
+def _remove_older(path: Path, current: Path) -> None:
+    """The folders an earlier version of this file (or of specdec's format) left: its weights
+    would otherwise stay on disk for good."""
+    for other in current.parent.glob(f"{path.stem}-*"):
+        try:
+            made_for = json.loads((other / "model.json").read_text())["path"]
+        except (OSError, ValueError, KeyError):
+            continue
+        if other != current and made_for == str(path):
+            remove(other)
 
 
 def _complete(folder: Path, key: dict) -> bool:

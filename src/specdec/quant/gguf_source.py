@@ -58,10 +58,25 @@ def linear_weights(path: Path | GGUFReader, keep: Callable[[str], bool] = lambda
         shape = tuple(int(n) for n in reversed(tensor.shape.tolist()))  # GGUF lists dims inner first
         kind = tensor.tensor_type
         if kind in EXACT:
-            yield name, kind.name, EXACT[kind](tensor.data, shape)
+            yield name, kind.name, decode_exact(kind, tensor.data, shape)
         else:
             dense = np.asarray(quants.dequantize(tensor.data, kind), dtype=np.float32).reshape(shape)
             yield name, kind.name, torch.from_numpy(dense)
+
+
+_CHUNK_ROWS = 8192  # rows split at once: a split's temporaries are several times its result
+
+
+def decode_exact(kind: GGMLQuantizationType, data: np.ndarray, shape: tuple[int, int]) -> Q4Weight | Q8Weight:
+    """An EXACT type's tensor (raw bytes [rows, bytes per row]) as its specdec weight, split a
+    chunk of rows at a time (a 151,936-row embedding's temporaries would otherwise take 1-2 GB)."""
+    rows = shape[0]
+    parts = [EXACT[kind](data[at : at + _CHUNK_ROWS], (min(_CHUNK_ROWS, rows - at), shape[1]))
+             for at in range(0, rows, _CHUNK_ROWS)]
+    if len(parts) == 1:
+        return parts[0]
+    fields = tensor_fields(parts[0])
+    return dataclasses.replace(parts[0], **{f: torch.cat([getattr(p, f) for p in parts]) for f in fields})
 
 
 def matching(name: str, weight: Decoded, dense: torch.Tensor, heads: int | None) -> Decoded:

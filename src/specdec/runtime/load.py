@@ -5,6 +5,7 @@ model rounded (tests, local folders)."""
 
 from __future__ import annotations
 
+import ctypes
 import sys
 import time
 from typing import TYPE_CHECKING
@@ -44,6 +45,20 @@ def load_gguf(name_or_path: str, mode: str = "int4", capacity: int = CAPACITY,
     common block type kept exactly, runtime.source); "int8": its Q4/Q5 blocks rounded to Q8;
     "int3", a draft's form: every layer rounded to Q3, the output layer to Q4. `head_ids`: score
     only these token ids (a restricted draft head, sorted; specdec.models.draft_head.frequent_tokens)."""
+    began = time.perf_counter()
+    stored, model = store_gguf(name_or_path, mode)
+    weights = load_weights(stored, model.config, head_ids)
+    lm = NativeLM(Decoder(weights, lambda slots: rotary_tables(model.config, slots), capacity), model.eos,
+                  model.config.max_positions)
+    print(f"specdec: {name_or_path} on the native runtime ({mode}, {time.perf_counter() - began:.1f} s)",
+          file=sys.stderr)
+    return lm
+
+
+def store_gguf(name_or_path: str, mode: str = "int4"):
+    """The model cache's file of the GGUF's weights in `mode` (read from the GGUF the first time),
+    and the model's description. Commands that load a pair store both before loading either, so
+    the draft's conversion never runs beside a loaded target (a cold start peaks lower)."""
     from tqdm import tqdm
 
     from ..files import WEIGHTS, cached
@@ -53,7 +68,6 @@ def load_gguf(name_or_path: str, mode: str = "int4", capacity: int = CAPACITY,
     _check_mode(mode)
     path = gguf_path(name_or_path)
     folder, model = prepared(path)  # shapes and end ids; refuses what it cannot run before any weight
-    began = time.perf_counter()
 
     def make() -> tuple[DecoderWeights, object]:
         """Read and packed a layer at a time: the decoded blocks of all layers at once would
@@ -70,15 +84,22 @@ def load_gguf(name_or_path: str, mode: str = "int4", capacity: int = CAPACITY,
             release_pages(reader)
         return assemble(model.config, layers, outside, mode), outside.linears[HEAD]
 
-    key = {"mode": mode, "format": SOURCE_FORMAT}
     store = folder / f"native-{mode}"
-    cached(store, key, make, lambda made, file, _: save_weights(*made, file), lambda file: None)
-    weights = load_weights(store / WEIGHTS, model.config, head_ids)
-    lm = NativeLM(Decoder(weights, lambda slots: rotary_tables(model.config, slots), capacity), model.eos,
-                  model.config.max_positions)
-    print(f"specdec: {name_or_path} on the native runtime ({mode}, {time.perf_counter() - began:.1f} s)",
-          file=sys.stderr)
-    return lm
+    made = []
+    cached(store, {"mode": mode, "format": SOURCE_FORMAT}, lambda: made.append(1) or make(),
+           lambda value, file, _: save_weights(*value, file), lambda file: None)
+    if made:
+        _return_freed_memory()
+    return store / WEIGHTS, model
+
+
+def _return_freed_memory() -> None:
+    """Hand the heap a conversion freed back to the system (glibc keeps it, 0.5 GB after the 0.5B
+    draft's, which a cold start would otherwise carry beside the models it then loads)."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: nothing to do
+        pass
 
 
 def gguf_model(name_or_path: str, quant: str = "int4", capacity: int = CAPACITY):

@@ -26,7 +26,7 @@ import torch
 from gguf import GGUFReader, quants
 
 from ..errors import SpecdecError
-from ..quant.gguf_source import EXACT, linear_weights, rows_unpermuted
+from ..quant.gguf_source import EXACT, decode_exact, linear_weights, rows_unpermuted
 from ..quant.weights import Q4Weight, Q8Weight, q3_rtn, q4_rtn, q8_rtn
 from .config import DecoderConfig
 
@@ -125,7 +125,7 @@ def read_gguf(path: Path | GGUFReader, cfg: DecoderConfig, mode: str, keep: Keep
         shape = tuple(int(n) for n in reversed(tensor.shape.tolist()))
         kind = tensor.tensor_type
         if name == EMBEDDING and kind in EXACT:  # looked up a row at a time, so kept in its blocks
-            decoded = EXACT[kind](tensor.data, shape)
+            decoded = decode_exact(kind, tensor.data, shape)
             linears[EMBEDDING_TABLE], forms[EMBEDDING_TABLE] = decoded, f"{kind.name} rows decoded per token (exact)"
         else:
             values = np.asarray(quants.dequantize(tensor.data, kind), dtype=np.float32).reshape(shape)
