@@ -4,9 +4,10 @@ given by registry name (A/B alternating, the first round discarded as warm-up).
 
     python scripts/measure/gguf_start.py --out docs/gguf/RUN [--rounds 3] [--tokens 128]
 
-The GGUF files are copied from the registry's assembled ones to OUT/models (so the path and the
-name are different files to the cache); the cold runs use a fresh SPECDEC_CACHE under OUT. Writes
-OUT/start.json (every run: command, wall seconds, peak resident KB, tokens/s) and prints a summary.
+The GGUF files are copied from the registry's assembled ones to a scratch folder (so the path and
+the name are different files to the cache); the cold runs use a fresh SPECDEC_CACHE there, removed
+at the end. Writes OUT/start.json (every run: command, wall seconds, peak resident KB, tokens/s)
+and prints a summary.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -56,15 +58,16 @@ def main() -> None:
     from specdec.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET, gguf_file
 
     out = args.out
-    models = out / "models"
-    models.mkdir(parents=True, exist_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix="gguf-start-"))
+    models = scratch / "models"
+    models.mkdir()
     files = {}
     for role, name in (("target", DEFAULT_TARGET), ("draft", DEFAULT_DRAFT)):
         files[role] = models / f"{name}.gguf"
         if not files[role].exists():
             shutil.copy(gguf_file(name), files[role])
-    cold = out / "cache"
-    shutil.rmtree(cold, ignore_errors=True)
+    cold = scratch / "cache"
     user_cache = Path(os.environ.get("SPECDEC_CACHE") or Path.home() / ".cache" / "specdec")
     if (user_cache / "kernels").exists():  # the kernels' build is the set-up's, not the model's
         shutil.copytree(user_cache / "kernels", cold / "kernels")
@@ -97,7 +100,7 @@ def main() -> None:
                          "all_outputs_equal": same}
     print(f"decode tok/s by path {tps['path']}, by name {tps['name']}; median paired ratio "
           f"{statistics.median(ratios):.3f}; outputs equal: {same}", flush=True)
-    shutil.rmtree(models)
+    shutil.rmtree(scratch)
     (out / "start.json").write_text(json.dumps(record, indent=1))
 
 
