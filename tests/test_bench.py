@@ -358,7 +358,6 @@ def test_full_bench_on_tiny_models(tiny_pair, dataset, tmp_path, monkeypatch):
 
 def test_cat_option_runs_both_models_on_the_concatenating_cache(tiny_pair, dataset, tmp_path, monkeypatch):
     import specdec.decode.lm as lm
-    import specdec.methods.build as build
 
     layouts = []
 
@@ -367,8 +366,9 @@ def test_cat_option_runs_both_models_on_the_concatenating_cache(tiny_pair, datas
             super().__init__(model, preallocate, invariant)
             layouts.append((preallocate, invariant))
 
-    monkeypatch.setattr(lm, "CausalLM", Recording)  # the target's, through lm.runtime_of
-    monkeypatch.setattr(build, "CausalLM", Recording)
+    # the target's (decode.interface.runtime_of) and the draft's (methods.build) alike: both take
+    # CausalLM from decode.lm when they make one
+    monkeypatch.setattr(lm, "CausalLM", Recording)
     out = tmp_path / "run"
     assert main([*bench_args(tiny_pair, dataset, out), "--methods", "draft:k=2:cat=1", "--limit", "1"]) == 0
     # target (invariant: its rows as decoded alone) and draft (not), warm-up and run
