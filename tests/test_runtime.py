@@ -360,8 +360,8 @@ def code_prompts(name: str, count: int) -> list[torch.Tensor]:
 @pytest.mark.parametrize("name", [SMOLLM, QWEN_DRAFT])
 def test_real_logits_match_transformers_on_the_same_weights(natives, name):
     """transformers' float32 forward of the converted folder with every weight replaced by the
-    runtime's (the Q4/Q8 layers installed on the same kernels, the float32 embedding, norms and
-    biases read from the GGUF): the same arithmetic but for float order outside the kernels.
+    runtime's (the Q4/Q5/Q8 layers installed on the same kernels, the embedding the GGUF's blocks
+    decode to, norms and biases read from the GGUF): the same arithmetic but for float order outside the kernels.
     That order still moves int8 activations by a step now and then, and 30 layers amplify it:
     transformers' own logits for the same tokens differ by up to 0.87 (SmolLM2, of a range of
     43) between a forward of 40 and of 64 rows. So the bound is 4x that floor, measured here the
@@ -370,16 +370,19 @@ def test_real_logits_match_transformers_on_the_same_weights(natives, name):
     from transformers import AutoModelForCausalLM
 
     from specdec.models.registry import REGISTRY, converted_folder, gguf_file
-    from specdec.runtime.source import read_gguf
+    from specdec.runtime.source import EMBEDDING, EMBEDDING_TABLE, read_gguf
 
     lm = natives(name)
     folder = converted_folder(REGISTRY[name])
     reference = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     source = read_gguf(gguf_file(name), decoder_config(reference.config), "int4")
+    table = source.linears.pop(EMBEDDING_TABLE, None)  # the GGUF's own blocks, decoded per row natively
     with torch.no_grad():
         params = dict(reference.named_parameters())
         for key, value in source.dense.items():
             params[key].copy_(value)
+        if table is not None:
+            params[EMBEDDING].copy_(table.dequantize())
     install(reference, source.linears)
     tokens = code_prompts(name, 1)[0][:64]
     with torch.no_grad():

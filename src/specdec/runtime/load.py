@@ -17,14 +17,14 @@ from .choose import NATIVE_MODES
 from .config import DecoderConfig, decoder_config, rotary_tables
 from .lm import NativeLM
 from .native import Decoder
-from .source import HEAD, SourceWeights, layer, outside_layers, read_gguf, read_model
+from .source import HEAD, layer, outside_layers, read_gguf, read_model
 from .stored import load_weights, save_weights
 from .weights import DecoderWeights, assemble, build, layer_weights
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
-SOURCE_FORMAT = 3  # version of what stored.save_weights writes and of read_gguf's forms
+STORED_FORMAT = 3  # version of what stored.save_weights writes and of read_gguf's forms
 CAPACITY = 4096  # cache slots to start with (28 layers x 256 floats x 2 x 4 B = 235 MiB for the 1.5B); grown on demand
 
 
@@ -33,9 +33,7 @@ def _check_mode(mode: str) -> None:
         raise SpecdecError(f"the native runtime runs {', '.join(NATIVE_MODES)} weights, not {mode!r}")
 
 
-def _assemble(cfg: DecoderConfig, source: SourceWeights, mode: str, capacity: int, head_ids: torch.Tensor | None,
-              eos: tuple[int, ...]) -> NativeLM:
-    weights = build(cfg, source, mode, head_ids)
+def _native_lm(weights: DecoderWeights, cfg: DecoderConfig, eos: tuple[int, ...], capacity: int) -> NativeLM:
     return NativeLM(Decoder(weights, lambda slots: rotary_tables(cfg, slots), capacity), eos, cfg.max_positions)
 
 
@@ -47,9 +45,7 @@ def load_gguf(name_or_path: str, mode: str = "int4", capacity: int = CAPACITY,
     only these token ids (a restricted draft head, sorted; specdec.models.draft_head.frequent_tokens)."""
     began = time.perf_counter()
     stored, model = store_gguf(name_or_path, mode)
-    weights = load_weights(stored, model.config, head_ids)
-    lm = NativeLM(Decoder(weights, lambda slots: rotary_tables(model.config, slots), capacity), model.eos,
-                  model.config.max_positions)
+    lm = _native_lm(load_weights(stored, model.config, head_ids), model.config, model.eos, capacity)
     print(f"specdec: {name_or_path} on the native runtime ({mode}, {time.perf_counter() - began:.1f} s)",
           file=sys.stderr)
     return lm
@@ -86,7 +82,7 @@ def store_gguf(name_or_path: str, mode: str = "int4"):
 
     store = folder / f"native-{mode}"
     made = []
-    cached(store, {"mode": mode, "format": SOURCE_FORMAT}, lambda: made.append(1) or make(),
+    cached(store, {"mode": mode, "format": STORED_FORMAT}, lambda: made.append(1) or make(),
            lambda value, file, _: save_weights(*value, file), lambda file: None)
     if made:
         _return_freed_memory()
@@ -124,5 +120,5 @@ def from_transformers(model: PreTrainedModel, mode: str = "int4", capacity: int 
     from ..models.load import eos_token_ids
 
     cfg = decoder_config(model.config)
-    return _assemble(cfg, read_model(model, cfg, mode), mode, capacity, head_ids, eos_token_ids(model))
+    return _native_lm(build(cfg, read_model(model, cfg, mode), mode, head_ids), cfg, eos_token_ids(model), capacity)
 
