@@ -23,8 +23,8 @@ from gguf_files import VOCAB, T, tokenizer_fields, write_model
 
 from specdec import DraftModel, Hybrid, PromptLookup, generate
 from specdec.errors import SpecdecError
-from specdec.gguf import check_pair, prepared
-from specdec.runtime import load_gguf, tokenizer_of
+from specdec.gguf import check_pair, prepared, tokenizer_of
+from specdec.runtime import load_gguf
 
 CASES = {  # name -> (architecture, block type, write_model options)
     "llama-q4_0-rope_freqs": ("llama", T.Q4_0, {"rope_freqs": True}),

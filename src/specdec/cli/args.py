@@ -157,7 +157,8 @@ def load_target(args: argparse.Namespace, runtime: str | None = None):
     `runtime`) picks: a transformers model or a native runtime (runtime.NativeLM); and its tokenizer."""
     say_target_form(args)
     if target_runtime(args, runtime) == "native":
-        from ..runtime import load_gguf, tokenizer_of
+        from ..gguf import tokenizer_of
+        from ..runtime import load_gguf
 
         return load_gguf(args.target, args.target_quant), tokenizer_of(args.target)
     from ..models.load import load_model

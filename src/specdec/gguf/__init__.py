@@ -6,7 +6,7 @@ transformers except to build or load the tokenizer."""
 
 from .metadata import GgufModel
 from .pair import check_pair
-from .store import prepared, tokenizer
+from .store import prepared, tokenizer, tokenizer_of
 from .where import gguf_path, is_gguf
 
-__all__ = ["GgufModel", "check_pair", "gguf_path", "is_gguf", "prepared", "tokenizer"]
+__all__ = ["GgufModel", "check_pair", "gguf_path", "is_gguf", "prepared", "tokenizer", "tokenizer_of"]

@@ -103,6 +103,14 @@ def _tokenizer_from_gguf(path: Path):
                            "with --runtime hf") from None
 
 
+def tokenizer_of(name_or_path: str):
+    """The tokenizer of a GGUF file (or a registry name's), from its metadata."""
+    from .where import gguf_path
+
+    folder, _ = prepared(gguf_path(name_or_path))
+    return tokenizer(folder)
+
+
 def tokenizer(folder: Path):
     """The prepared tokenizer of a GGUF's cache folder."""
     from transformers import PreTrainedTokenizerFast

@@ -142,7 +142,7 @@ def load_tokenizer(name_or_path: str, trust_remote_code: bool = False) -> PreTra
     bench of endpoints alone needs to send the same prompt ids as specdec's methods. A GGUF's
     comes from its metadata (no dense conversion)."""
     from ..gguf import is_gguf
-    from ..runtime import tokenizer_of
+    from ..gguf import tokenizer_of
 
     if is_gguf(name_or_path):
         return tokenizer_of(name_or_path)

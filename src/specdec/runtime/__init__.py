@@ -7,10 +7,10 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from .lm import NativeLM
-    from .load import CAPACITY, from_transformers, load_gguf, tokenizer_of
+    from .load import CAPACITY, from_transformers, load_gguf
 
-__all__ = ["CAPACITY", "NativeLM", "from_transformers", "load_gguf", "tokenizer_of"]
-_HOMES = {"NativeLM": "lm", "CAPACITY": "load", "from_transformers": "load", "load_gguf": "load", "tokenizer_of": "load"}
+__all__ = ["CAPACITY", "NativeLM", "from_transformers", "load_gguf"]
+_HOMES = {"NativeLM": "lm", "CAPACITY": "load", "from_transformers": "load", "load_gguf": "load"}
 
 
 def __getattr__(name: str):  # imported on first use: runtime.choose alone is needed to parse arguments

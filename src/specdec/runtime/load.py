@@ -101,15 +101,9 @@ def _return_freed_memory() -> None:
 def gguf_model(name_or_path: str, quant: str = "int4", capacity: int = CAPACITY):
     """A GGUF file's model on the native runtime (load_gguf) and its tokenizer: the library's
     loader of GGUF files (specdec.load_gguf), as specdec.load_model is of Hugging Face folders."""
+    from ..gguf import tokenizer_of
+
     return load_gguf(name_or_path, quant, capacity), tokenizer_of(name_or_path)
-
-
-def tokenizer_of(name_or_path: str):
-    """The tokenizer of a GGUF file (or a registry name's), from its metadata."""
-    from ..gguf import gguf_path, prepared, tokenizer
-
-    folder, _ = prepared(gguf_path(name_or_path))
-    return tokenizer(folder)
 
 
 def from_transformers(model: PreTrainedModel, mode: str = "int4", capacity: int = CAPACITY,
