@@ -9,7 +9,10 @@ row's `new_tokens` is None and its `text` is what equality compares.
 
 Concurrency: `run_wave` sends one request per prompt of a wave at once, each on its own
 thread, and times each stream on its own, and the wave as a whole (wave_s: from sending to the
-last stream's end; wave_tokens: all its new tokens, on each of its rows); vLLM's counters are read around the whole wave (they
+last stream's end; wave_tokens: all its new tokens; wave_decode_s: the time during which at
+least one of its requests was decoding, the union of the requests' spans from first to last
+token; wave_decode_tokens: their decode tokens; each on every row of the wave, and each row's
+sent_s, when its request went out after the wave's start); vLLM's counters are read around the whole wave (they
 are the server's, not a request's) and filed under the wave's first row only, so sums over rows
 count each wave once. A wave whose any request fails writes no row: its rows were measured
 under a load the others did not see through.
@@ -29,7 +32,7 @@ from ..conform.endpoints import DEFAULT_TOLERANCE, TOP_LOGPROBS, compare
 from ..errors import SpecdecError
 from ..external.endpoints.metrics import SpecCounters, parse_counters
 from ..external.endpoints.spec import Endpoint, Served, get, probe
-from ..external.endpoints.stream import Request, Streamed, complete
+from ..external.endpoints.stream import Request, Streamed, complete, complete_openai, openai_client
 from ..files import write_json_atomic
 from ..methods.spec import Method, parse
 from .agreement import DIFFERENCES, read_differences, row_key
@@ -44,6 +47,7 @@ class EndpointSettings:
     max_new_tokens: int
     timeout_s: float
     top_logprobs: int = 1  # enough for the ids; check asks for 2, for the gap
+    client: str = "httpx"  # or "openai": the official client sends the requests and reads the streams
 
 
 class EndpointExecutor:
@@ -58,6 +62,7 @@ class EndpointExecutor:
         self.rendered: dict[tuple[int, ...], str] = {}
         self.client = httpx.Client(timeout=httpx.Timeout(settings.timeout_s))
         self.served: dict[str, Served] = {}
+        self.openai: dict[str, object] = {}  # endpoint name -> its openai client (settings.client "openai")
 
     def prepare(self, finished: dict[str, dict | None] | None = None) -> dict[str, dict]:
         """Probe every endpoint once (a one-line error if one is down or not OpenAI-compatible);
@@ -78,6 +83,9 @@ class EndpointExecutor:
             served = self.served[name]
             entries[name] = {"api": e.api, "model": served.model, "vllm_metrics": served.vllm_metrics,
                              "prompt_form": served.prompt_form}
+            if self.settings.client != "httpx":
+                entries[name]["client"] = self.settings.client
+                self.openai[name] = openai_client(e, self.settings.timeout_s)
         return entries
 
     def urls(self) -> dict[str, str]:
@@ -101,22 +109,27 @@ class EndpointExecutor:
         else:
             with ThreadPoolExecutor(max_workers=len(prompts)) as pool:
                 streams = list(pool.map(one, prompts))
-        wave = {"wave_s": time.perf_counter() - start, "wave_tokens": sum(s.n_tokens for s in streams)}
+        wave = {"wave_s": time.perf_counter() - start, "wave_tokens": sum(s.n_tokens for s in streams),
+                **decoding_union(streams)}
         rows = [endpoint_row(s, len(prompts), self.served[method.name].prompt_form) for s in streams]
-        for row in rows:
-            row.served.update(wave)
+        for row, s in zip(rows, streams):
+            row.served.update(wave, sent_s=s.sent - start)
         if counters:
             rows[0].served.update(counters().minus(before).row_fields())
         return rows
 
     def close(self) -> None:
         self.client.close()
+        for client in self.openai.values():
+            client.close()
 
     def complete(self, method: Method, prompt_ids: list[int], max_tokens: int, top_logprobs: int | None = None) \
             -> Streamed:
         endpoint, served, key = self.endpoints[method.name], self.served[method.name], tuple(prompt_ids)
         request = Request(max_tokens, prompt_ids=prompt_ids, message=self.texts.get(key),
                           prompt_text=self.rendered.get(key), top_logprobs=top_logprobs or self.settings.top_logprobs)
+        if method.name in self.openai:
+            return complete_openai(self.openai[method.name], endpoint, served.model, request, served.prompt_form)
         return complete(self.client, endpoint, served.model, request, served.prompt_form)
 
     def _counters(self, method: Method) -> Callable[[], SpecCounters] | None:
@@ -157,6 +170,19 @@ def explain_endpoint_differences(out: Path, executor: EndpointExecutor, prompt_i
     if known:
         write_json_atomic(path, known)
     return known
+
+
+def decoding_union(streams: list[Streamed]) -> dict:
+    """A wave's decode time in all: how long at least one of its requests was decoding (the union
+    of their spans from first to last token, in perf_counter time), and their decode tokens. A
+    server that serves the wave's requests one after another gets the sum of their decode times
+    (its in-all decode rate stays a single request's); one that decodes them together, about one."""
+    spans = sorted((s.sent + s.ttft_s, s.sent + s.ttft_s + s.decode_s) for s in streams if s.stamps)
+    total, end = 0.0, float("-inf")
+    for lo, hi in spans:
+        total += max(hi - max(lo, end), 0.0)
+        end = max(end, hi)
+    return {"wave_decode_s": total, "wave_decode_tokens": sum(s.decode_tokens for s in streams)}
 
 
 def endpoint_row(s: Streamed, concurrency: int, prompt_form: str) -> Measured:

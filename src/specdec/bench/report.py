@@ -147,15 +147,23 @@ def _table(title: str, group: dict) -> list[str]:
 
 
 def _load_table(config: dict, group: dict) -> list[str]:
-    """Endpoints under load: each request's decode rate beside what the server delivered in all."""
+    """Endpoints: each request's decode rate beside what the server delivered in all, and the
+    time to first token's median and tail, at the run's concurrency."""
     n = config.get("concurrency", 1)
     rows = [[f"`{label}`", _quartiles(m["tokens_per_s"]), _quartiles(m["aggregate_tokens_per_s"]),
-             num(m["prefill_s"]["median"])]
+             _quartiles(m.get("aggregate_decode_tokens_per_s")), *_ttft(m)]
             for label, m in group["methods"].items() if m.get("aggregate_tokens_per_s")]
-    if not rows or n == 1:
+    if not rows:
         return []
-    return [f"## Under load: {n} requests at once (overall)", ""] + table(
-        ["endpoint", "decode tok/s per request [q1, q3]", "aggregate tok/s per wave [q1, q3]", "TTFT s"], rows) + [""]
+    title = f"## Under load: {n} requests at once (overall)" if n > 1 else "## Endpoints, one request at a time (overall)"
+    return [title, ""] + table(
+        ["endpoint", "decode tok/s per request [q1, q3]", "in all tok/s per wave [q1, q3]",
+         "in all decode tok/s per wave [q1, q3]", "TTFT s p50", "TTFT s p99"], rows) + [""]
+
+
+def _ttft(m: dict) -> list[str]:
+    t = m.get("ttft_s")
+    return ["-", "-"] if t is None else [num(t["p50"]), num(t["p99"])]
 
 
 def _prediction_table(group: dict) -> list[str]:

@@ -47,6 +47,13 @@ NOTES = {
     "aggregate_tokens_per_s": "endpoints: per wave of --concurrency requests sent at once, all their new tokens "
     "over the wave's wall time, from sending to the last stream's end (prefills included; with --concurrency 1 a "
     "request's own end-to-end rate); quartiles over rows, each row carrying its wave's figure",
+    "aggregate_decode_tokens_per_s": "endpoints: per wave, all its requests' decode tokens (after each one's first "
+    "chunk) over the time during which at least one of them was decoding (the union of their spans from first to last "
+    "token): prefills that ran while no request decoded are left out, those that stalled others' decoding are in; a "
+    "server that serves the wave one request after another gets one request's rate; quartiles over rows, each row "
+    "carrying its wave's figure",
+    "ttft_s": "time to first token per request (for specdec's own methods: their prefill), percentiles over all runs "
+    "(numpy's linear interpolation: with few runs p99 is close to the slowest)",
     "hf_agreement": "greedy runs with hf-ar only: prompts equal to transformers' plain generate() (run on an "
     "unmodified copy of the target) in every repeat; each difference with the target's top-1/top-2 logit "
     "gap at its first differing token (specdec's forward of the common prefix): an exact tie, a near-tie "
@@ -140,6 +147,7 @@ def summarize_method(rows: list[dict], label: str, method: Method, baseline: lis
         "runs": len(rows),
         "tokens_per_s": quartiles([r["tokens_per_s"] for r in rows if r["tokens_per_s"]]),
         "prefill_s": quartiles([r["prefill_s"] for r in rows]),
+        "ttft_s": percentiles([r["prefill_s"] for r in rows]),
         "mean_new_tokens": float(np.mean([r["n_new"] for r in rows])),
         "speedup": speedup,
         **acceptance_summary(rows),
@@ -149,6 +157,9 @@ def summarize_method(rows: list[dict], label: str, method: Method, baseline: lis
         "prediction": prediction(rows, baseline, method, speedup) if method.speculative and speedup else None,
         # an endpoint's throughput under load: each wave's new tokens over its wall time (prefills included)
         "aggregate_tokens_per_s": quartiles([r["wave_tokens"] / r["wave_s"] for r in rows if r.get("wave_s")]),
+        # ... and its decode rate in all: decode tokens over the time any of the wave's requests was decoding
+        "aggregate_decode_tokens_per_s": quartiles([r["wave_decode_tokens"] / r["wave_decode_s"] for r in rows
+                                                    if r.get("wave_decode_s")]),
         "peak_memory_bytes": max((r["peak_memory_bytes"] for r in rows if r["peak_memory_bytes"] is not None),
                                  default=None),
     }
@@ -159,6 +170,17 @@ def quartiles(values) -> dict | None:
         return None
     q1, median, q3 = np.percentile(values, [25, 50, 75])
     return {"median": float(median), "q1": float(q1), "q3": float(q3), "n": len(values)}
+
+
+TTFT_PERCENTILES = (50, 90, 99)
+
+
+def percentiles(values, ps=TTFT_PERCENTILES) -> dict | None:
+    """{"p50": ..., "p90": ..., "p99": ..., "max": ..., "n": ...} of `values` (numpy's linear interpolation)."""
+    if len(values) == 0:
+        return None
+    return {**{f"p{p}": float(v) for p, v in zip(ps, np.percentile(values, ps))}, "max": float(np.max(values)),
+            "n": len(values)}
 
 
 def geomean(values) -> float:

@@ -55,6 +55,18 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "for those endpoints only, repeatable, so that each engine's speculative servers are compared with "
                    "its own plain server (e.g. --baseline llama=llama-spec --baseline vllm=vllm-ngram,vllm-draft); "
                    "specdec's own methods are compared with ar")
+    b.add_argument("--serve", action="append", default=[], metavar="NAME=OPTIONS",
+                   help="an endpoint NAME that bench starts itself: `specdec serve --target T --draft D OPTIONS` on a "
+                        "free loopback port (T, D: bench's --target and --draft; OPTIONS: serve's, e.g. --proposer ar "
+                        "or --proposer auto --target-quant int4; they may override T and D), measured as --endpoint "
+                        "NAME=its URL once /health answers, stopped when the bench ends; its log goes to "
+                        "--out/server-NAME.log; repeatable")
+    b.add_argument("--serve-api", choices=["completions", "chat"], default="completions",
+                   help="the API of every --serve endpoint: /v1/completions (prompt ids) or /v1/chat/completions "
+                        "(the prompt's text, the server's chat template)")
+    b.add_argument("--client", choices=["httpx", "openai"], default="httpx",
+                   help="what sends the endpoints' requests and reads their streams: httpx (default) or the official "
+                        "openai package (its parsed chunks timed as an application using it sees them)")
     b.add_argument("--concurrency", type=int, default=1, metavar="N",
                    help="endpoints only: N requests at once (consecutive prompts), to see the speedup under load")
     b.add_argument("--endpoint-timeout", type=float, default=300.0, metavar="S",
@@ -77,6 +89,57 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    from contextlib import ExitStack
+
+    servers = served_endpoints(args)  # not started yet: the arguments are checked first
+    out = Path(args.out)
+    if servers and not args.resume and out.is_dir() and any(out.iterdir()):  # before minutes of model loading
+        raise SpecdecError(f"--out {out} is not empty: pass --resume to continue the run there, or choose a new folder")
+    accepted = []  # set once --out is accepted: only then do the servers' logs go there
+    with ExitStack() as stack:
+        try:
+            return _bench(args, lambda: [stack.enter_context(s) for s in servers.values()], accepted)
+        finally:
+            if accepted:
+                keep_server_logs(servers, out)
+
+
+def served_endpoints(args: argparse.Namespace) -> dict:
+    """The --serve servers by name (not started), each added to args.endpoint at its URL."""
+    from ..external.specdec_server import SpecdecServer
+
+    servers = {}
+    for text in args.serve:
+        name, sep, options = text.partition("=")
+        if not sep or not name:
+            raise SpecdecError(f"--serve takes NAME=OPTIONS (specdec serve's, e.g. spec='--proposer auto'); "
+                               f"got {text!r}")
+        if name in servers:
+            raise SpecdecError(f"two --serve endpoints are called {name}: give each its own name")
+        try:
+            options = shlex.split(options)
+        except ValueError as e:
+            raise SpecdecError(f"--serve {name}: its options do not parse ({e})") from None
+        base = ["--target", args.target, "--draft", args.draft, *(["--trust-remote-code"] if args.trust_remote_code
+                                                                   else [])]
+        servers[name] = SpecdecServer([*base, *options])
+        path = "/v1/chat/completions" if args.serve_api == "chat" else "/v1/completions"
+        args.endpoint = [*args.endpoint, f"{name}={servers[name].url}{path}"]
+    return servers
+
+
+def keep_server_logs(servers: dict, out: Path) -> None:
+    """Each started server's log into --out as server-NAME.log (where --out exists)."""
+    import shutil
+
+    for name, server in servers.items():
+        if server.server.process is not None and server.log.is_file():
+            shutil.copyfile(server.log, out / f"server-{name}.log")
+
+
+def _bench(args: argparse.Namespace, start_servers, accepted: list) -> int:
+    """The bench itself; `start_servers()` starts the --serve endpoints (just before they are
+    probed); `accepted` gets an entry once --out is accepted."""
     import torch
 
     from ..bench.agreement import REFERENCE, explain_differences
@@ -110,14 +173,19 @@ def cmd_bench(args: argparse.Namespace) -> int:
     config = bench_config(args, methods, prompts, path, memory.kind, auto)
     if auto:
         config["auto"] = {"runs": auto.label, "why": why}
-    remote = EndpointExecutor(endpoints, EndpointSettings(args.max_new_tokens, args.endpoint_timeout), {}) \
-        if endpoints else None
+    if args.client != "httpx" and not endpoints:
+        raise SpecdecError("--client applies to endpoints: add --endpoint NAME=URL or --serve NAME=OPTIONS")
+    remote = EndpointExecutor(endpoints, EndpointSettings(args.max_new_tokens, args.endpoint_timeout,
+                                                          client=args.client), {}) if endpoints else None
     finished = finished_methods(out, prompts, args.repeats) if args.resume else {}
     if remote:  # probed before the slow part: a server that is down is an error at once
+        for server in start_servers():
+            print(f"[specdec bench] started: {shlex.join(server.command)}", file=sys.stderr)
         config.update(endpoints=remote.prepare(finished), baselines=baselines, concurrency=args.concurrency)
         config["environment"]["endpoint_urls"] = remote.urls()
     # Checked before the models load (slow), so a refused folder is refused at once.
     check_out_dir(out, config, args.resume)
+    accepted.append(out)
 
     advice = pay_advice(args, auto_method, auto)
     local_todo = [m for m in local if m.label not in finished]  # a resumed run loads no model it will not run
@@ -287,5 +355,9 @@ def _digest(summary: dict) -> str:
         s = m["speedup"]
         speed = f", speedup {s['median']:.2f} [{s['ci95_median'][0]:.2f}, {s['ci95_median'][1]:.2f}]" if s else ""
         mal = m["mean_accepted_length"]
-        lines.append(f"  {label:<24} {tps:7.2f} tok/s{speed}" + (f", mean accepted length {mal:.2f}" if mal else ""))
+        agg, ttft = m.get("aggregate_tokens_per_s"), m.get("ttft_s")
+        load = (f", in all {agg['median']:.2f} tok/s, TTFT p50 {ttft['p50']:.2f} s p99 {ttft['p99']:.2f} s"
+                if agg and ttft else "")
+        lines.append(f"  {label:<24} {tps:7.2f} tok/s{speed}" + (f", mean accepted length {mal:.2f}" if mal else "")
+                     + load)
     return "\n".join(lines)

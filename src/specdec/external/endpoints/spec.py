@@ -136,21 +136,26 @@ def get(client: httpx.Client, endpoint: Endpoint, url: str) -> httpx.Response:
     return reply
 
 
-def describe(error: httpx.HTTPError, url: str) -> str:
-    """What went wrong with a request, and what to do, in a few words."""
-    if isinstance(error, httpx.ConnectError) and _refused(error):
+def describe(error: BaseException, url: str) -> str:
+    """What went wrong with a request, and what to do, in a few words. `error` is httpx's, or
+    the same kind from the httpx fork the openai client runs on (told apart by class name)."""
+    if _is(error, "ConnectError") and _refused(error):
         # The usual cause: the server was not started, or is still loading (vLLM opens its port
         # only once the model is loaded: minutes on a CPU).
         return (f"nothing is listening at {url} ({error}): start the server first and wait until it answers "
                 "(vLLM: the command `specdec advise --export vllm` prints, after bash scripts/setup_vllm.sh; or "
                 "scripts/serving_bench.py, which starts vLLM or llama-server and runs the bench: docs/serving.md)")
-    if isinstance(error, httpx.ConnectError):
+    if _is(error, "ConnectError"):
         return f"cannot connect to {url} ({error}): check the host and port"
-    if isinstance(error, httpx.TimeoutException):
+    if _is(error, "TimeoutException"):
         return f"no reply from {url} in time ({type(error).__name__}): check the server or raise --endpoint-timeout"
-    if isinstance(error, httpx.RemoteProtocolError):
+    if _is(error, "RemoteProtocolError"):
         return f"the server at {url} closed the connection mid-reply ({error})"
     return f"request to {url} failed: {error}"
+
+
+def _is(error: BaseException, name: str) -> bool:
+    return any(cls.__name__ == name for cls in type(error).__mro__)
 
 
 def _refused(error: BaseException) -> bool:

@@ -11,6 +11,12 @@ so time to first token means the same for every row).
 Timing: `sent` is taken before the request goes out; each chunk that carries tokens is stamped
 on arrival. Time to first token is the first stamp; decode time runs from it to the last, over
 the tokens after the first chunk (the engine's definition of decode tokens/s).
+
+Two clients send the same request and read the same chunks: httpx, reading the event stream
+itself (`complete`, the default), or the official `openai` package (`complete_openai`: its
+`completions.create` / `chat.completions.create` with `stream=True`, the fields OpenAI's API
+lacks in `extra_body`), whose chunks are parsed into its typed objects before they are stamped,
+as an application using that client sees them.
 """
 
 from __future__ import annotations
@@ -50,6 +56,7 @@ class Streamed:
     finish_reason: str | None = None
     timings: dict | None = None  # llama.cpp's
     usage_tokens: int | None = None
+    sent: float = 0.0  # time.perf_counter() when the request went out (a wave's requests are placed by it)
 
     @property
     def ids(self) -> list[int] | None:
@@ -107,7 +114,7 @@ def complete(client: httpx.Client, endpoint: Endpoint, model: str, request: Requ
     if form == TEXT and request.prompt_text is None:
         raise SpecdecError(f"endpoint {endpoint.name} takes no token ids and this prompt has no text form")
     out = Streamed()
-    sent = time.perf_counter()
+    out.sent = sent = time.perf_counter()
     try:
         with client.stream("POST", endpoint.url, json=body(request, endpoint.api, model, form)) as reply:
             _check_reply(reply, endpoint)
@@ -122,6 +129,62 @@ def complete(client: httpx.Client, endpoint: Endpoint, model: str, request: Requ
     except httpx.HTTPError as e:
         raise SpecdecError(f"endpoint {endpoint.name}: {describe(e, endpoint.url)}") from None
     if not done and out.finish_reason is None:
+        raise SpecdecError(f"endpoint {endpoint.name}: the stream from {endpoint.url} ended before the completion "
+                           f"finished (after {out.n_tokens} tokens): the server stopped mid-reply")
+    if not out.stamps:
+        raise SpecdecError(f"endpoint {endpoint.name}: {endpoint.url} streamed no tokens")
+    return out
+
+
+# The request fields OpenAI's own API does not define: sent by the openai client in `extra_body`.
+_EXTRA_FIELDS = ("cache_prompt", "return_tokens_as_token_ids")
+
+
+def openai_client(endpoint: Endpoint, timeout_s: float):
+    """The official client for `endpoint`'s server: no retries (a retried request would be timed
+    as one), `timeout_s` to connect and between two chunks, a key nobody checks (the servers
+    measured here run without one)."""
+    try:
+        import openai
+    except ImportError:
+        raise SpecdecError("--client openai needs the openai package: pip install openai") from None
+    return openai.OpenAI(base_url=f"{endpoint.server}/v1", api_key="none", max_retries=0, timeout=timeout_s)
+
+
+def complete_openai(client, endpoint: Endpoint, model: str, request: Request, form: str = IDS) -> Streamed:
+    """`complete` through the official openai client (`openai_client`): the same request body and
+    the same chunks, each stamped once the client has parsed it; its errors as one-line
+    SpecdecErrors naming the endpoint."""
+    import openai
+
+    if form == TEXT and request.prompt_text is None:
+        raise SpecdecError(f"endpoint {endpoint.name} takes no token ids and this prompt has no text form")
+    fields = body(request, endpoint.api, model, form)
+    extra = {k: fields.pop(k) for k in _EXTRA_FIELDS}
+    create = client.chat.completions.create if endpoint.api == CHAT else client.completions.create
+    out = Streamed()
+    out.sent = sent = time.perf_counter()
+    try:
+        stream = create(**fields, extra_body=extra)
+        with stream:
+            for chunk in stream:
+                _take(chunk.to_dict(), out, time.perf_counter() - sent, endpoint)
+    except openai.APIStatusError as e:
+        raise SpecdecError(f"endpoint {endpoint.name}: {endpoint.url} answered HTTP {e.status_code}: "
+                           f"{_short(e.response.text if e.response is not None else str(e))}") from None
+    except openai.APITimeoutError:
+        raise SpecdecError(f"endpoint {endpoint.name}: no reply from {endpoint.url} in time: check the server or "
+                           "raise --endpoint-timeout") from None
+    except openai.APIConnectionError as e:  # the transport's error is its cause
+        raise SpecdecError(f"endpoint {endpoint.name}: {describe(e.__cause__ or e, endpoint.url)}") from None
+    except openai.APIError as e:  # an error event mid-stream
+        raise SpecdecError(f"endpoint {endpoint.name}: the server reported an error mid-stream: "
+                           f"{_short(str(e.message))}") from None
+    except Exception as e:  # the transport's own error while the stream is read (the client does not wrap it)
+        if type(e).__module__.split(".")[0] not in ("httpx", "httpx2"):
+            raise
+        raise SpecdecError(f"endpoint {endpoint.name}: {describe(e, endpoint.url)}") from None
+    if out.finish_reason is None:
         raise SpecdecError(f"endpoint {endpoint.name}: the stream from {endpoint.url} ended before the completion "
                            f"finished (after {out.n_tokens} tokens): the server stopped mid-reply")
     if not out.stamps:
