@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from conftest import word_tokenizer
 from fake_openai import FakeServer, completion_ids, expected_counters
+from test_serve import folders  # noqa: F401 - tiny target and draft folders, for --serve
 
 from specdec.bench.served import position_rates, server_acceptance
 from specdec.bench.store import read_rows
@@ -527,3 +528,157 @@ def test_a_server_that_refuses_ids_and_text_alike_is_a_one_line_error(tmp_path, 
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert "endpoint s:" in err and "refused a one-token completion: HTTP 500" in err
     assert not (tmp_path / "run").exists()
+
+
+# --- under load: the official client, in-all decode rate, TTFT tail, specdec serve started by bench ---------
+
+
+def test_bench_through_the_official_openai_client_on_both_apis_at_concurrency_2(tmp_path, tiny_tokenizer,
+                                                                                 prompts_file):
+    """--client openai: the same rows as httpx gives (ids from logprobs, chat and completions),
+    each wave's in-all decode rate and every request's send time, TTFT percentiles in the
+    summary and the report's load table."""
+    with FakeServer() as plain, FakeServer() as chat:
+        assert bench(tmp_path / "run", f"plain={plain.url}", f"chat={chat.url}/v1/chat/completions", extra=(
+            "--concurrency", "2", "--client", "openai")) == 0
+        assert len(chat.prompts) == len(plain.prompts) == 5  # 4 prompts and one warm-up each
+    rows = read_rows(tmp_path / "run")
+    tokenizer = word_tokenizer(64)
+    texts = {json.loads(line)["task_id"]: json.loads(line)["prompt"] for line in prompts_file.read_text().splitlines()}
+    for r in rows:
+        prompt = tokenizer(texts[r["prompt_id"]])["input_ids"] if r["method"] == "endpoint:name=plain" else [
+            ord(c) for c in texts[r["prompt_id"]][:8]]  # the fake server's chat "tokens": the message's characters
+        assert r["new_tokens"] == completion_ids(prompt, 6)
+        assert 0 <= r["sent_s"] < r["wave_s"] and r["wave_decode_tokens"] >= r["decode_tokens"] == 5
+        assert 0 < r["wave_decode_s"] <= r["wave_s"]
+    config = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert {e["client"] for e in config["endpoints"].values()} == {"openai"}
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    m = summary["overall"]["methods"]["endpoint:name=chat"]
+    chat_rows = [r for r in rows if r["method"] == "endpoint:name=chat"]
+    assert m["ttft_s"]["p50"] == pytest.approx(float(np.median([r["prefill_s"] for r in chat_rows])))
+    assert m["ttft_s"]["p99"] == pytest.approx(float(np.percentile([r["prefill_s"] for r in chat_rows], 99)))
+    assert m["ttft_s"]["max"] == max(r["prefill_s"] for r in chat_rows) and m["ttft_s"]["n"] == 4
+    decode = [r["wave_decode_tokens"] / r["wave_decode_s"] for r in chat_rows]
+    assert m["aggregate_decode_tokens_per_s"]["median"] == pytest.approx(float(np.median(decode)))
+    report = (tmp_path / "run" / "report.md").read_text()
+    assert "## Under load: 2 requests at once" in report and "in all decode tok/s per wave" in report
+    assert "TTFT s p99" in report
+
+
+def test_the_official_client_gives_the_same_one_line_errors(tmp_path, tiny_tokenizer, prompts_file, capsys):
+    from specdec.external.endpoints.stream import complete_openai, openai_client
+
+    request = Request(6, prompt_ids=[1, 2, 3])
+    for mode, message in (("error", "reported an error mid-stream: 'out of memory (simulated)'"),
+                          ("drop", "ended before the completion finished")):
+        with FakeServer(mode) as server:
+            endpoint = parse_endpoint(f"s={server.url}")
+            with pytest.raises(SpecdecError, match=message.replace("(", r"\(").replace(")", r"\)")):
+                complete_openai(openai_client(endpoint, 10.0), endpoint, "fake", request)
+    endpoint = parse_endpoint(f"s=http://127.0.0.1:{free_port()}")
+    with pytest.raises(SpecdecError, match="nothing is listening"):
+        complete_openai(openai_client(endpoint, 10.0), endpoint, "fake", request)
+    assert bench(tmp_path / "run", extra=("--methods", "ar", "--client", "openai")) == 2
+    assert "--client applies to endpoints" in capsys.readouterr().err
+
+
+def _streamed_at(sent: float, ttft: float, decode: float, tokens: int) -> Streamed:
+    s = Streamed(stamps=[ttft, ttft + decode], chunk_tokens=[1, tokens - 1], token_ids=list(range(tokens)),
+                 pieces=[""] * tokens, top=[[]] * tokens)
+    s.sent = sent
+    return s
+
+
+def test_a_waves_decode_time_counts_overlapping_spans_once():
+    from specdec.bench.endpoint import decoding_union
+
+    together = [_streamed_at(0.0, 1.0, 4.0, 9), _streamed_at(0.0, 2.0, 4.0, 9)]  # decoding 1..5 and 2..6
+    assert decoding_union(together) == {"wave_decode_s": pytest.approx(5.0), "wave_decode_tokens": 16}
+    one_after_another = [_streamed_at(0.0, 1.0, 4.0, 9), _streamed_at(0.0, 6.0, 4.0, 9)]  # a server of one slot
+    assert decoding_union(one_after_another)["wave_decode_s"] == pytest.approx(8.0)
+    inside = [_streamed_at(0.0, 1.0, 10.0, 9), _streamed_at(1.0, 2.0, 3.0, 9)]  # 1..11 holds 3..6
+    assert decoding_union(inside)["wave_decode_s"] == pytest.approx(10.0)
+
+
+def test_ttft_percentiles():
+    from specdec.bench.summary import percentiles
+
+    p = percentiles(list(range(1, 101)))
+    assert p == {"p50": 50.5, "p90": pytest.approx(90.1), "p99": pytest.approx(99.01), "max": 100.0, "n": 100}
+    assert percentiles([]) is None
+
+
+def test_bench_serve_starts_specdec_serve_as_endpoints_and_stops_them(tmp_path, folders, capsys):  # noqa: F811
+    """--serve NAME=OPTIONS: `specdec serve` started with bench's --target and --draft and the
+    options, waited for (/health), measured at two requests at once, stopped; its log kept in
+    --out; the speculative server's greedy output equals the plain one's."""
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"task_id": str(i), "prompt": text}) + "\n"
+                               for i, text in enumerate(["a b c d e a b c", "x y z x y z", "a a b b", "q r s t"])))
+    target, draft = folders
+    common = "--dtype float32 --runtime hf --target-quant none"
+    out = tmp_path / "run"
+    assert main(["bench", "--dataset", str(prompts), "--target", target, "--draft", draft, "--max-new-tokens", "8",
+                 "--serve", f"plain={common} --proposer ar", "--serve", f"spec={common} --proposer draft:k=3",
+                 "--baseline", "plain", "--concurrency", "2", "--client", "openai", "--out", str(out),
+                 "--no-progress"]) == 0
+    err = capsys.readouterr().err
+    assert err.count("[specdec bench] started:") == 2 and "--proposer draft:k=3" in err
+    rows = read_rows(out)
+    assert len(rows) == 8 and all(r["n_new"] == 8 and r["new_tokens"] for r in rows)
+    spec = [r for r in rows if r["method"] == "endpoint:name=spec"]
+    assert all(r["server_timings"]["method"] == "draft:k=3" and r["proposed"] for r in spec)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["overall"]["methods"]["endpoint:name=spec"]["greedy_equal"]["mismatches"] == 0
+    urls = json.loads((out / "config.json").read_text())["environment"]["endpoint_urls"]
+    for name in ("plain", "spec"):
+        assert "Application startup complete" in (out / f"server-{name}.log").read_text()
+        with pytest.raises(httpx.TransportError):  # stopped
+            httpx.get(urls[name].replace("/v1/completions", "/health"), timeout=2)
+
+
+def test_bench_serve_options_are_checked_before_any_server_starts(tmp_path, capsys):
+    for extra, message in ((["--serve", "no-options"], "--serve takes NAME=OPTIONS"),
+                           (["--serve", "a=--proposer ar", "--serve", "a=--proposer auto"], "two --serve endpoints"),
+                           (["--serve", "a='unclosed"], "do not parse")):
+        assert main(["bench", "--dataset", "humaneval", "--out", str(tmp_path / "run"), *extra]) == 2
+        assert message in capsys.readouterr().err
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "x").write_text("")
+    assert main(["bench", "--dataset", "humaneval", "--out", str(tmp_path / "full"), "--serve", "a=--proposer ar"]) == 2
+    assert "is not empty" in capsys.readouterr().err
+
+
+def test_the_concurrency_plot_draws_each_series_from_its_levels_folders(tmp_path, tiny_tokenizer, prompts_file,
+                                                                       capsys, monkeypatch):
+    import importlib.util
+    import sys
+
+    path = Path(__file__).parent.parent / "scripts" / "measure" / "concurrency_plot.py"
+    spec = importlib.util.spec_from_file_location("concurrency_plot", path)
+    plot = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "concurrency_plot", plot)  # its dataclass looks its module up there
+    spec.loader.exec_module(plot)
+    with FakeServer() as plain, FakeServer() as fast:
+        for n in (1, 2):
+            assert bench(tmp_path / "runs" / f"bench-c{n}", f"plain={plain.url}", f"fast={fast.url}",
+                         extra=("--concurrency", str(n))) == 0
+    capsys.readouterr()
+    png = tmp_path / "docs" / "conc.png"
+    assert plot.main(["--series", f"p={tmp_path / 'runs'}@plain", "--series", f"f={tmp_path / 'runs'}@fast",
+                      "--out", str(png), "--table"]) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    table = capsys.readouterr().out.splitlines()
+    assert [line.split(" | ")[:2] for line in table[2:]] == [["| p", "1"], ["| p", "2"], ["| f", "1"], ["| f", "2"]]
+    label, levels = plot.levels(f"p={tmp_path / 'runs'}@plain")
+    rows = read_rows(tmp_path / "runs" / "bench-c2")
+    plain_rows = [r for r in rows if r["method"] == "endpoint:name=plain"]
+    assert [lv.clients for lv in levels] == [1, 2]
+    assert levels[1].ttft["p99"] == pytest.approx(float(np.percentile([r["prefill_s"] for r in plain_rows], 99)))
+    assert levels[1].in_all_decode["median"] == pytest.approx(float(np.median(
+        [r["wave_decode_tokens"] / r["wave_decode_s"] for r in plain_rows])))
+    with pytest.raises(SystemExit, match="name the endpoint after @"):
+        plot.levels(f"p={tmp_path / 'runs'}")
+    with pytest.raises(SystemExit, match="no endpoint other"):
+        plot.levels(f"p={tmp_path / 'runs'}@other")
