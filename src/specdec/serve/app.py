@@ -44,8 +44,13 @@ def create_app(worker: DecodeWorker, settings: Settings) -> Starlette:
         return await _complete(request, CHAT)
 
     async def _complete(request: Request, api: str) -> Response:
-        body = await _read_json(request, settings.max_body_bytes)
+        try:
+            body = await _read_json(request, settings.max_body_bytes)
+        except ApiError as error:  # counted as every refusal is, so /metrics accounts for each request
+            worker.metrics.reject("too_large" if error.status == 413 else "invalid")
+            raise
         if worker.state != "ready":
+            worker.metrics.reject("loading" if worker.state == "loading" else "unavailable")
             raise worker.not_ready()
         try:
             generation = await run_in_threadpool(read_request, body, api, worker.model, worker.encode_text,
