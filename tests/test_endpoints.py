@@ -671,6 +671,7 @@ def test_the_concurrency_plot_draws_each_series_from_its_levels_folders(tmp_path
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     table = capsys.readouterr().out.splitlines()
     assert [line.split(" | ")[:2] for line in table[2:]] == [["| p", "1"], ["| p", "2"], ["| f", "1"], ["| f", "2"]]
+    assert table[3].endswith("| 4/4 |") and table[2].endswith("| (reference) |")  # the fake server repeats itself
     label, levels = plot.levels(f"p={tmp_path / 'runs'}@plain")
     rows = read_rows(tmp_path / "runs" / "bench-c2")
     plain_rows = [r for r in rows if r["method"] == "endpoint:name=plain"]

@@ -15,7 +15,9 @@ are an error. The figures use bench's own definitions (specdec.bench.summary): p
 median decode tokens/s with its quartiles; in all, each wave's new tokens over its wall time
 (prefills included) and, where the rows have it, its decode tokens over the time any of its
 requests was decoding; TTFT percentiles over the requests. `--table` prints the same as a
-Markdown table.
+Markdown table, with each level's outputs compared with the same server's at its fewest clients
+(issue 34: a request's greedy output under load should be its output alone): prompts equal,
+and the first differing ones.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from pathlib import Path
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from specdec.bench.equality import same_output
 from specdec.bench.store import CONFIG, read_rows
 from specdec.bench.summary import percentiles, quartiles
 from specdec.files import read_json
@@ -43,6 +46,7 @@ class Level:
     in_all: dict | None  # quartiles over rows of wave tokens / wave s
     in_all_decode: dict | None  # ... of wave decode tokens / wave decode s
     ttft: dict  # percentiles
+    rows: list[dict]
 
 
 def bench_folders(root: Path) -> list[Path]:
@@ -83,7 +87,7 @@ def levels(spec: str) -> tuple[str, list[Level]]:
         out[n] = Level(n, folder, quartiles([r["tokens_per_s"] for r in rows if r["tokens_per_s"]]),
                        quartiles([r["wave_tokens"] / r["wave_s"] for r in rows if r.get("wave_s")]),
                        quartiles([r["wave_decode_tokens"] / r["wave_decode_s"] for r in rows if r.get("wave_decode_s")]),
-                       percentiles([r["prefill_s"] for r in rows]))
+                       percentiles([r["prefill_s"] for r in rows]), rows)
     if not out:
         raise SystemExit(f"--series {spec}: no rows of {method} under {path}")
     return label, [out[n] for n in sorted(out)]
@@ -123,15 +127,25 @@ def draw(series: dict[str, list[Level]], title: str | None) -> Figure:
     return fig
 
 
+def equal_to_fewest(level: Level, fewest: Level) -> str:
+    """`k/n` prompts whose output equals the same server's at its fewest clients (ids where both
+    rows name them, else text), and the ones that differ."""
+    alone = {(r["prompt_id"], r["repeat"]): r for r in fewest.rows}
+    pairs = [(r["prompt_id"], same_output(r, alone[k])) for r in level.rows if (k := (r["prompt_id"], r["repeat"])) in alone]
+    differ = list(dict.fromkeys(p for p, equal in pairs if not equal))
+    return f"{len(pairs) - len(differ)}/{len(pairs)}" + (f" ({', '.join(differ)} differ)" if differ else "")
+
+
 def markdown(series: dict[str, list[Level]]) -> str:
     f = lambda q: "-" if q is None else f"{q['median']:.2f}"
     lines = ["| server | clients | decode tok/s per request, median [q1, q3] | in all tok/s | in all decode tok/s "
-             "| TTFT p50 s | TTFT p99 s |", "|---|---|---|---|---|---|---|"]
+             "| TTFT p50 s | TTFT p99 s | output equal to its fewest clients' |", "|---|---|---|---|---|---|---|---|"]
     for label, lvs in series.items():
         for lv in lvs:
             q = lv.per_request
+            same = "(reference)" if lv is lvs[0] else equal_to_fewest(lv, lvs[0])
             lines.append(f"| {label} | {lv.clients} | {q['median']:.2f} [{q['q1']:.2f}, {q['q3']:.2f}] | {f(lv.in_all)} "
-                         f"| {f(lv.in_all_decode)} | {lv.ttft['p50']:.2f} | {lv.ttft['p99']:.2f} |")
+                         f"| {f(lv.in_all_decode)} | {lv.ttft['p50']:.2f} | {lv.ttft['p99']:.2f} | {same} |")
     return "\n".join(lines)
 
 
