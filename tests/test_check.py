@@ -7,7 +7,7 @@ from conftest import perturbed, tiny_model
 from specdec import DraftModel, PromptLookup
 from specdec.conform import check
 from specdec.conform import ties as conformance
-from specdec.decode import engine, verify
+from specdec.decode import sequence, verify
 from specdec.external.hf import hf_greedy
 from specdec.models.load import eos_token_ids
 from specdec.proposers import draft as draft_module
@@ -42,7 +42,7 @@ def test_wrong_logits_row_is_caught(pair, monkeypatch):
     """Judging candidate i by row i+1 (an off-by-one) must fail the greedy check."""
     target, draft = pair
     shifted = lambda rows, d: verify.verify_greedy(torch.cat([rows[1:], rows[-1:]]), d)
-    monkeypatch.setattr(engine, "verify_greedy", shifted)
+    monkeypatch.setattr(sequence, "verify_greedy", shifted)
     result = check.check_greedy(target, DraftModel(draft, 3), PROMPTS, 24)
     assert not result.passed and "FAILURE" in result.detail
 

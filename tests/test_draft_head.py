@@ -36,7 +36,7 @@ def test_restricted_head_scores_kept_ids_like_the_full_head():
     # the proposer spreads them back over the vocabulary, -inf elsewhere
     drafter = DraftModel(small, 2)
     drafter.begin(ids[0, :-1], 64)
-    logits = drafter.next_logits(ids[0, -1:])
+    logits = drafter.spread(drafter.lm.forward(ids[0, -1:], last_only=True)[-1])
     assert logits.shape == (64,) and torch.isinf(logits).sum() == 59
     torch.testing.assert_close(logits[keep], full[keep], atol=1e-4, rtol=1e-4)
 

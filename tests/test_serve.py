@@ -246,15 +246,10 @@ def test_chat_template_conversation(served, monkeypatch):
     assert chat.choices[0].message.content == same.choices[0].text
 
 
-def test_min_p_where_the_engine_has_it(served):
-    from specdec.serve.worker import takes_min_p
-
+def test_min_p_is_taken(served):
     body = {"model": served.name, "prompt": PROMPT, "max_tokens": 6, "temperature": 0.8, "min_p": 0.05, "seed": 1}
     reply = httpx.post(f"{served.url}/v1/completions", json=body)
-    if takes_min_p():
-        assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] == 6
-    else:
-        assert reply.status_code == 400 and "min_p is not supported" in reply.text
+    assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] == 6
 
 # --- metrics ---------------------------------------------------------------------------------
 
@@ -372,17 +367,17 @@ def test_no_field_value_breaks_the_server(served):
 # --- clients that leave, load ----------------------------------------------------------------
 
 
+def slowed(monkeypatch) -> None:
+    """Each round of the server's batch takes 10 ms longer, so a 400-token request runs for seconds."""
+    from specdec.decode.batch import Batch
+
+    step = Batch.step
+    monkeypatch.setattr(Batch, "step", lambda self: time.sleep(0.01) or step(self))
+
+
 @pytest.fixture
 def slow_rounds(served, monkeypatch):
-    """Each proposal takes 10 ms longer, so a 400-token request runs for seconds."""
-    drafter = served.worker.loaded.drafter
-    propose = drafter.propose
-
-    def slow(*a, **kw):
-        time.sleep(0.01)
-        return propose(*a, **kw)
-
-    monkeypatch.setattr(drafter, "propose", slow)
+    slowed(monkeypatch)
 
 
 def test_disconnect_mid_stream_stops_the_generation(served, slow_rounds):
@@ -448,15 +443,65 @@ def test_soak_some_cancelled(served):
 
 
 
-def test_shutdown_ends_a_running_stream(folders):
+def test_concurrent_requests_decode_together_each_as_alone(folders, monkeypatch):
+    """Six greedy requests (different prompts and lengths, chat and completions) sent at once to
+    a server that decodes up to 3 together: each answer equals the same request sent alone, and
+    the batch ran 3 sequences at once (it batched, within --max-sequences), never more."""
+    from specdec.decode.batch import Batch
+
+    running = start(folders, "--max-sequences", "3")
+    sizes: list[int] = []
+    step = Batch.step
+    monkeypatch.setattr(Batch, "step", lambda self: sizes.append(len(self.running)) or step(self))
+    client = running.client(timeout=60)
+    prompts = [" ".join(WORDS[i : i + 3 + i % 4]) for i in range(0, 30, 5)]
+
+    def ask(i: int) -> str:
+        if i % 2:
+            return client.chat.completions.create(model=running.name, messages=[{"role": "user", "content": prompts[i]}],
+                                                  max_tokens=10 + 3 * i, temperature=0).choices[0].message.content
+        return client.completions.create(model=running.name, prompt=prompts[i], max_tokens=10 + 3 * i,
+                                         temperature=0).choices[0].text
+
+    try:
+        alone = [ask(i) for i in range(6)]
+        assert max(sizes) == 1
+        sizes.clear()
+        with ThreadPoolExecutor(6) as pool:
+            together = list(pool.map(ask, range(6)))
+    finally:
+        stop(running)
+    assert together == alone
+    assert max(sizes) == 3
+
+
+def test_a_request_waits_for_kv_room(folders, monkeypatch):
+    """With --kv-tokens room for about one request's reservation, two sent at once decode one
+    after the other (the second waits in the batch's admission, not refused), both answered."""
+    from specdec.decode.batch import Batch
+
+    running = start(folders, "--kv-tokens", "60")
+    sizes: list[int] = []
+    step = Batch.step
+    monkeypatch.setattr(Batch, "step", lambda self: sizes.append(len(self.running)) or step(self))
+    client = running.client(timeout=60)
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            replies = list(pool.map(lambda i: client.completions.create(model=running.name, prompt=PROMPT,
+                                                                        max_tokens=30, temperature=0), range(2)))
+    finally:
+        stop(running)
+    assert [r.usage.completion_tokens for r in replies] == [30, 30]
+    assert max(sizes) == 1
+
+
+def test_shutdown_ends_a_running_stream(folders, monkeypatch):
     """What SIGINT/SIGTERM do (uvicorn calls handle_exit): the running generation ends at its next
     round with finish_reason "abort", the stream closes with [DONE] and the server exits."""
     import signal
 
     running = start(folders)
-    drafter = running.worker.loaded.drafter
-    propose = drafter.propose
-    drafter.propose = lambda *a, **kw: time.sleep(0.01) or propose(*a, **kw)
+    slowed(monkeypatch)
     body = {"model": running.name, "prompt": PROMPT, "max_tokens": 400, "stream": True}
     lines = []
     with httpx.stream("POST", f"{running.url}/v1/completions", json=body, timeout=30) as reply:
@@ -477,9 +522,10 @@ def test_full_queue_is_503_with_retry_after():
     import asyncio
 
     from specdec.serve.errors import ApiError
+    from specdec.serve.job import Job
     from specdec.serve.metrics import ServerMetrics
     from specdec.serve.request import Defaults, Generation, Sampling
-    from specdec.serve.worker import DecodeWorker, Job
+    from specdec.serve.worker import DecodeWorker
 
     worker = DecodeWorker(lambda: None, ServerMetrics("m"), "m", Defaults(), max_queue=2)
     worker.state = "ready"  # never started: jobs stay queued

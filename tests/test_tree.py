@@ -15,7 +15,7 @@ from test_sampling_exactness import CAUGHT, CONFIGS, PASS, make_pair, pvalues
 
 from specdec import DraftModel, TreeDraft, generate
 from specdec.conform.check import chi2_pvalue
-from specdec.decode import engine, verify_tree
+from specdec.decode import sequence, verify_tree
 from specdec.decode.lm import CausalLM
 from specdec.decode.proposal import Proposal
 from specdec.decode.sampling import SamplingConfig, probs
@@ -41,7 +41,7 @@ def leaf_spy(monkeypatch):
         seen["leaf"] += bool(path) and path[-1] >= chain_length(proposal.parents)
         return path, next_token
 
-    monkeypatch.setattr(engine, "verify_tree", spy)
+    monkeypatch.setattr(sequence, "verify_tree", spy)
     return seen
 
 

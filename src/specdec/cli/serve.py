@@ -30,8 +30,16 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help=f"require `Authorization: Bearer KEY` on every route but /health (default: ${API_KEY_ENV})")
     s.add_argument("--served-model-name", default=None, metavar="NAME",
                    help="the model id clients name (default: --target as given)")
+    s.add_argument("--max-sequences", type=int, default=8, metavar="N",
+                   help="requests decoded together (continuous batching; default 8; 1: one at a time)")
+    s.add_argument("--kv-tokens", type=int, default=32768, metavar="T",
+                   help="cache positions the running requests may hold together, each reserving its prompt, "
+                        "max_tokens and a round's guesses (default 32768; docs/serving.md gives the bytes per "
+                        "position); a request that does not fit waits for one to end")
+    s.add_argument("--no-plan", action="store_true",
+                   help="guess the proposer's k every round instead of the cost model's choice per request")
     s.add_argument("--max-queue", type=int, default=16,
-                   help="requests that may wait while one decodes; more get 503 with Retry-After (default 16)")
+                   help="requests that may wait while others decode; more get 503 with Retry-After (default 16)")
     s.add_argument("--max-body-bytes", type=int, default=8 << 20,
                    help="larger request bodies get 413 (default 8 MiB)")
     s.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
@@ -85,16 +93,16 @@ def build_server(args: argparse.Namespace):
     """The uvicorn server and the decode worker (not started) for these arguments. The models load
     in the worker through load_proposer, as `specdec generate` loads them."""
     from ..decode.interface import runtime_of
+    from ..decode.plan import measured_plan
+    from ..decode.sampling import SamplingConfig
     from ..serve.app import Settings
     from ..serve.metrics import ServerMetrics
     from ..serve.request import Defaults
     from ..serve.server import build
-    from ..serve.worker import DecodeWorker, Loaded
+    from ..serve.worker import DecodeWorker, Limits, Loaded
     from .args import load_proposer, method_of
 
-    from ..decode.sampling import SamplingConfig
-
-    at_least_one(args, "max_new_tokens", "max_queue", "max_body_bytes")
+    at_least_one(args, "max_new_tokens", "max_queue", "max_body_bytes", "max_sequences", "kv_tokens")
     if not 0 <= args.port <= 65535:
         raise SpecdecError(f"--port must be in 0..65535, got {args.port}")
     SamplingConfig(args.temperature, args.top_k, args.top_p)  # the defaults' one-line errors, before loading
@@ -105,8 +113,11 @@ def build_server(args: argparse.Namespace):
 
     def load() -> Loaded:
         target, tokenizer, runs, drafter = load_proposer(args, method)  # runs: `auto` resolved
-        return Loaded(runtime_of(target, preallocate=not runs.cat), tokenizer, drafter, runs.label)
+        lm = runtime_of(target, preallocate=not runs.cat)
+        plan = None if args.no_plan or drafter is None else measured_plan(lm, drafter)
+        return Loaded(lm, tokenizer, drafter, runs.label, plan)
 
-    worker = DecodeWorker(load, ServerMetrics(name), name, defaults, args.max_queue)
+    worker = DecodeWorker(load, ServerMetrics(name), name, defaults, args.max_queue,
+                          limits=Limits(args.max_sequences, args.kv_tokens))
     settings = Settings(api_key=server_key(args), max_body_bytes=args.max_body_bytes)
     return build(worker, settings, args.host, args.port, args.log_level), worker

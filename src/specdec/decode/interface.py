@@ -21,7 +21,7 @@ class Runtime(Protocol):
     # speculative output is bit for bit the plain one (a target); False: a draft's forward.
     invariant: bool
     # First sequence position whose logits were NaN/inf since the last prefill, -1 if none; a
-    # 0-d tensor on the device, read back with the round's tokens (engine._fetch).
+    # 0-d tensor on the device, read back with the round's tokens (sequence._fetch).
     nonfinite_at: torch.Tensor
     max_positions: int | None  # the context the model was trained for (None: unknown)
     eos_token_ids: tuple[int, ...]  # the model's own end-of-sequence ids (its generation config)

@@ -3,6 +3,8 @@ cache, read its logits rows, trim, length. Another runtime only has to provide t
 
 from __future__ import annotations
 
+import copy
+
 import torch
 from transformers import PreTrainedModel
 
@@ -60,6 +62,19 @@ class CausalLM:
     @property
     def length(self) -> int:
         return self.cache.length
+
+    def lane(self, slots: int = 256) -> CausalLM:
+        """Another sequence on the same model with a cache of its own (decode.batch runs the
+        lanes of this runtime one forward each: transformers' path has no multi-sequence one);
+        its cache grows as it goes, whatever `slots` says."""
+        other = copy.copy(self)
+        other._held = torch.empty_like(self._held)
+        other.reset()
+        return other
+
+    def release(self) -> None:
+        """Free the cache's memory (the lane's sequence ended)."""
+        self.reset()
 
     def reset(self) -> None:
         self.cache = KVCache(self.model, self.preallocate)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Generator
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -22,6 +23,28 @@ class Proposal:
     # Tree proposals only: True where node i was drawn from q[i], False where it was chosen
     # deterministically (a point mass; its q row is ignored). None = all deterministic.
     sampled: torch.Tensor | None = None
+
+
+# A proposer's guessing as a conversation (Proposer.drafting): it yields the tokens to feed its
+# draft model, is sent the draft's last logits row after them, and returns its Proposal; so a
+# caller can run the draft steps of several sequences in one forward (decode.batch).
+Drafting = Generator[torch.Tensor, torch.Tensor, "Proposal"]
+
+
+def drive(steps: Drafting, lm: Runtime) -> Proposal:
+    """Run a drafting conversation on the proposer's own draft model, a forward per step."""
+    try:
+        tokens = next(steps)
+        while True:
+            tokens = steps.send(lm.forward(tokens, last_only=True)[-1])
+    except StopIteration as done:
+        return done.value
+
+
+def settled(proposal: Proposal) -> Drafting:
+    """A drafting conversation that needs no draft forward (its proposal is already made)."""
+    return proposal
+    yield  # unreachable: makes this a generator
 
 
 class Proposer(Protocol):
@@ -48,7 +71,10 @@ class Proposer(Protocol):
     def propose(
         self, seq: torch.Tensor, k: int, cfg: SamplingConfig, generator: torch.Generator | None
     ) -> Proposal:
-        """Guess up to `k` tokens following the committed sequence `seq`."""
+        """Guess up to `k` tokens following the committed sequence `seq`. Proposers with a draft
+        model also offer drafting(seq, k, cfg, generator) -> Drafting (the same guesses as a
+        conversation) and fork() -> a proposer for another sequence decoded at the same time
+        (its own draft cache on the same weights, its own policy state)."""
 
     def observe(self, proposed: int, accepted: int) -> None:
         """Verification accepted `accepted` of the `proposed` tokens of the last proposal."""

@@ -58,9 +58,10 @@ struct SdModel {
     SdWeight head;
 };
 
-// Which cache slots a row sees: slots [0, prefix[r]) then extra[start[r] .. start[r+1]).
+// Which cache slots a row sees: slots [lo[r], lo[r] + prefix[r]) (its sequence's run of slots)
+// then extra[start[r] .. start[r+1]).
 struct SdVisible {
-    const int64_t *prefix, *start, *extra;
+    const int64_t *lo, *prefix, *start, *extra;
 };
 
 namespace {
@@ -189,15 +190,15 @@ void rope_and_store(const SdModel& m, const SdLayer& L, float* qkv, int64_t rows
     }
 }
 
-// The slots one row sees, in order: [0, prefix) then its extras.
+// The slots one row sees, in order: [lo, lo + prefix) then its extras.
 struct Seen {
-    int64_t prefix, count;
+    int64_t lo, prefix, count;
     const int64_t* extra;
-    int64_t slot(int64_t j) const { return j < prefix ? j : extra[j - prefix]; }
+    int64_t slot(int64_t j) const { return j < prefix ? lo + j : extra[j - prefix]; }
 };
 
 inline Seen seen(const SdVisible& vis, int64_t r) {
-    return {vis.prefix[r], vis.prefix[r] + vis.start[r + 1] - vis.start[r], vis.extra + vis.start[r]};
+    return {vis.lo[r], vis.prefix[r], vis.prefix[r] + vis.start[r + 1] - vis.start[r], vis.extra + vis.start[r]};
 }
 
 constexpr int64_t kHeadBatch = 8;  // query heads whose dot products with one key run interleaved
@@ -414,10 +415,12 @@ extern "C" {
 
 // Forward n rows: embedded[r] (the token's embedding row, [n, hidden] float32: the caller decodes
 // the rows of a quantized table) at rotary position positions[r], its K/V written to slot
-// slots[r], seeing `vis`; logits [n - first, head N] for rows first .. n-1. The caller checks
-// shapes and that every slot and position lies below the capacity.
+// slots[r], seeing `vis`; logits [wanted_n, head N] for rows wanted[0 .. wanted_n). The rows may
+// belong to several sequences (each its own run of slots): every row is computed as it would be
+// alone. The caller checks shapes and that every slot and position lies below the capacity.
 void sd_decoder_forward(const SdModel* model, const float* embedded, int64_t n, const int64_t* positions,
-                        const int64_t* slots, SdVisible vis, int64_t first, float* logits) {
+                        const int64_t* slots, SdVisible vis, const int64_t* wanted, int64_t wanted_n,
+                        float* logits) {
     const SdModel& m = *model;
     const int64_t H = m.hidden, D = m.head_dim;
     Scratch& s = scratch;
@@ -453,8 +456,9 @@ void sd_decoder_forward(const SdModel* model, const float* embedded, int64_t n, 
         add(s.x.data(), s.y.data(), n * H);
         clock.lap(kDown);
     }
-    rms_norm(s.x.data() + first * H, m.final_norm, n - first, H, m.eps, s.h.data());
-    apply(m.head, s.h.data(), n - first, logits);
+    for (int64_t j = 0; j < wanted_n; ++j) std::memcpy(&s.y[j * H], &s.x[wanted[j] * H], H * sizeof(float));
+    rms_norm(s.y.data(), m.final_norm, wanted_n, H, m.eps, s.h.data());
+    apply(m.head, s.h.data(), wanted_n, logits);
     clock.lap(kHead);
 }
 

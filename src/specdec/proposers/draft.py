@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import copy
 from typing import TYPE_CHECKING
 
 import torch
 
-from ..decode.proposal import Proposal
+from ..decode.proposal import Drafting, Proposal, drive
 from ..decode.sampling import SamplingConfig, draw, probs
 from ..errors import SpecdecError
 from .policy import Policy
@@ -68,10 +69,14 @@ class DraftModel:
         self.policy.begin()
         self.lm.prefill(prompt, reuse=reuse)
 
-    def next_logits(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Feed `tokens` to the draft; its logits for the next token over the target's
-        vocabulary [vocab] (only the target's ids can be proposed: a head may carry padding rows)."""
-        row = self.lm.forward(tokens, last_only=True)[-1]
+    def fork(self, slots: int = 256) -> DraftModel:
+        """A draft proposer for another sequence decoded beside this one: its own cache (a lane
+        of the same weights, starting with `slots` positions) and its own policy state."""
+        return DraftModel(self.lm.lane(slots), self.k, copy.deepcopy(self.policy))
+
+    def spread(self, row: torch.Tensor) -> torch.Tensor:
+        """The draft's last logits row over the target's vocabulary [vocab] (only the target's
+        ids can be proposed: a head may carry padding rows)."""
         if self._head_ids is None:
             return row[: self._vocab]
         full = torch.full((self._vocab,), float("-inf"), device=row.device)
@@ -81,8 +86,11 @@ class DraftModel:
     def propose(
         self, seq: torch.Tensor, k: int, cfg: SamplingConfig, generator: torch.Generator | None
     ) -> Proposal:
+        return drive(self.drafting(seq, k, cfg, generator), self.lm)
+
+    def drafting(self, seq: torch.Tensor, k: int, cfg: SamplingConfig, generator: torch.Generator | None) -> Drafting:
         # rollback left the cache a prefix of the committed sequence: feed what it has not seen.
-        logits = self.next_logits(seq[self.lm.length :])
+        logits = self.spread((yield seq[self.lm.length :]))
         tokens, qs, sure = [], [], []
         k = self.policy.budget(k)
         for i in range(k):
@@ -90,7 +98,7 @@ class DraftModel:
             tokens.append(token)
             if i + 1 == k or (self.policy.reads_confidence and not self._again(sure, logits, qs, token)):
                 break
-            logits = self.next_logits(token)
+            logits = self.spread((yield token))
         return Proposal(torch.cat(tokens), torch.stack(qs) if qs else None)
 
     def _again(self, sure: list[float], logits: torch.Tensor, qs: list[torch.Tensor], token: torch.Tensor) -> bool:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..decode.proposal import Proposal
+from ..decode.proposal import Drafting, Proposal, drive
 from ..decode.sampling import SamplingConfig
 from .draft import DraftModel, OverDraft
 from .lookup import PromptLookup
@@ -31,13 +31,22 @@ class Hybrid(OverDraft):
         self.draft.begin(prompt, vocab_size, reuse)
         self.lookup.begin(prompt, vocab_size, reuse)
 
+    def fork(self, slots: int = 256) -> Hybrid:
+        return Hybrid(self.draft.fork(slots), self.lookup)
+
+    @torch.inference_mode()
     def propose(
         self, seq: torch.Tensor, k: int, cfg: SamplingConfig, generator: torch.Generator | None
     ) -> Proposal:
+        return drive(self.drafting(seq, k, cfg, generator), self.draft.lm)
+
+    def drafting(self, seq: torch.Tensor, k: int, cfg: SamplingConfig, generator: torch.Generator | None) -> Drafting:
         found = self.lookup.propose(seq, k, cfg, generator)
         self._drafted = not found.tokens.numel()
         self.draft_rounds += self._drafted
-        return self.draft.propose(seq, k, cfg, generator) if self._drafted else found
+        if self._drafted:
+            return (yield from self.draft.drafting(seq, k, cfg, generator))
+        return found
 
     def observe(self, proposed: int, accepted: int) -> None:
         if self._drafted:  # the draft's policy learns from its own rounds only

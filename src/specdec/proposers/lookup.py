@@ -24,6 +24,9 @@ class PromptLookup:
             raise SpecdecError(f"max_ngram must be >= 1, got {max_ngram}")
         self.k, self.max_ngram = k, max_ngram
 
+    def fork(self, slots: int = 256) -> PromptLookup:
+        return self  # nothing of a sequence is kept between rounds
+
     def begin(self, prompt: torch.Tensor, vocab_size: int, reuse: bool = False) -> None:
         pass
 

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ..decode.proposal import Proposal
+from ..decode.proposal import Drafting, Proposal, drive
 from ..decode.sampling import SamplingConfig
 from ..errors import SpecdecError
 from .draft import DraftModel, OverDraft, guess
@@ -45,14 +45,20 @@ class TreeDraft(OverDraft):
     def begin(self, prompt: torch.Tensor, vocab_size: int, reuse: bool = False) -> None:
         self.draft.begin(prompt, vocab_size, reuse)
 
+    def fork(self, slots: int = 256) -> TreeDraft:
+        return TreeDraft(self.draft.fork(slots), self.width)
+
     @torch.inference_mode()
     def propose(
         self, seq: torch.Tensor, k: int, cfg: SamplingConfig, generator: torch.Generator | None
     ) -> Proposal:
+        return drive(self.drafting(seq, k, cfg, generator), self.lm)
+
+    def drafting(self, seq: torch.Tensor, k: int, cfg: SamplingConfig, generator: torch.Generator | None) -> Drafting:
         # After an accepted alternative the draft's cache holds the chain token at that
         # position: keep only what agrees with the committed sequence, then feed the rest.
         self.lm.keep_prefix_of(seq[:-1])
-        logits = self.draft.next_logits(seq[self.lm.length :])
+        logits = self.draft.spread((yield seq[self.lm.length :]))
         chain, qs, alternatives = [], [], []  # alternatives: (depth, token)
         # The draft's top probability decides only where the policy reads it; reading it is a
         # softmax over the vocabulary and a host sync, so skip it otherwise.
@@ -69,7 +75,7 @@ class TreeDraft(OverDraft):
                 sure.append(float((qs[-1] if qs else torch.softmax(logits, -1)).max()))
                 if not policy.guess_again(sure):
                     break
-            logits = self.draft.next_logits(token)
+            logits = self.draft.spread((yield token))
         self._chain = len(chain)
         return _layout(chain, qs, alternatives)
 

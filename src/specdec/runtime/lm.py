@@ -11,7 +11,8 @@ import torch
 
 from ..decode.rows import PREFILL_CHUNK, shared_prefix, tree_layout
 from ..errors import SpecdecError
-from .native import Decoder
+from .native import Decoder, Rows
+from .pool import SlotPool
 
 _LONG = torch.long
 
@@ -24,17 +25,33 @@ class NativeLM:
     dtype = torch.float32  # of activations, logits and K/V (the weights are Q4/Q8)
     invariant = True  # every row as if decoded alone, logits float32
 
-    def __init__(self, decoder: Decoder, eos_token_ids: Sequence[int], max_positions: int | None):
+    def __init__(self, decoder: Decoder, eos_token_ids: Sequence[int], max_positions: int | None,
+                 pool: SlotPool | None = None, slots: int | None = None):
+        """A sequence on `decoder`, its keys in a run of the `pool`'s slots (None: a pool of its
+        own) that starts at `slots` slots (None: the decoder's capacity) and doubles on demand."""
         self.decoder = decoder
+        self.pool = pool if pool is not None else SlotPool(decoder)
         self.vocab_size = decoder.head_rows
         self.head_ids = decoder.weights.head_ids  # token id of each logits column, None: column = id
         self.eos_token_ids = tuple(int(t) for t in eos_token_ids)
         self.max_positions = max_positions  # the cache grows up to it (None: without a bound)
         self.layers = decoder.weights.config.layers
-        self._held = torch.zeros(decoder.capacity, dtype=_LONG)  # token ids behind the slots
+        self._slots = decoder.capacity if slots is None else slots
+        self._base, self._size = 0, 0  # the run of slots held (none yet)
+        self._held = torch.zeros(0, dtype=_LONG)  # token ids behind the slots
         self._length = 0
         self.calls = 0
         self.nonfinite_at = torch.full((), -1, dtype=_LONG)
+
+    def lane(self, slots: int = 256) -> NativeLM:
+        """Another sequence on the same weights and cache pool: forward_lanes runs several in
+        one forward. Its slots are claimed at its first forward and freed by release()."""
+        return NativeLM(self.decoder, self.eos_token_ids, self.max_positions, self.pool, slots)
+
+    def release(self) -> None:
+        """Give the sequence's slots back to the pool (a later forward claims new ones)."""
+        self.pool.release(self)
+        self._size = self._length = 0
 
     @property
     def length(self) -> int:
@@ -80,11 +97,26 @@ class NativeLM:
 
     def forward(self, tokens: torch.Tensor, last_only: bool = False) -> torch.Tensor:
         """Append `tokens` at the next positions; float32 logits [n, vocab] (last_only: [1, vocab])."""
-        tokens = tokens.to(_LONG).contiguous()
-        n, start = tokens.numel(), self._length
-        positions = torch.arange(start, start + n, dtype=_LONG)
-        none = torch.zeros(n + 1, dtype=_LONG)
-        return self._run(tokens, positions, positions + 1, none, none[:0], n - 1 if last_only else 0)
+        return self.forward_lanes([(self, tokens, last_only)])[0]
+
+    @staticmethod
+    def forward_lanes(blocks: Sequence[tuple[NativeLM, torch.Tensor, bool]]) -> list[torch.Tensor]:
+        """Append each (lane, tokens, last_only) block to its lane in one decoder forward: the lanes
+        share the decoder and its pool (NativeLM.lane), the weights are read once for all their rows,
+        and every row gets the bits it would get alone. Each lane's logits, as NativeLM.forward's."""
+        decoder = blocks[0][0].decoder
+        if any(lm.decoder is not decoder for lm, _, _ in blocks) or len({id(lm) for lm, _, _ in blocks}) < len(blocks):
+            raise ValueError("forward_lanes takes distinct lanes of one decoder (NativeLM.lane)")
+        for lm, tokens, _ in blocks:  # all room first: a run that moves or a cache that grows moves slots
+            lm._room(lm.length + tokens.numel())
+        parts = [lm._chain(tokens, last_only) for lm, tokens, last_only in blocks]
+        logits = decoder.forward(Rows.join(parts))
+        out, at = [], 0
+        for (lm, _, _), part in zip(blocks, parts):
+            count = part.wanted.numel()
+            out.append(lm._appended(part, logits[at : at + count]))
+            at += count
+        return out
 
     def forward_tree(self, tokens: torch.Tensor, parents: torch.Tensor) -> torch.Tensor:
         """Score [root, nodes...] in one forward (see CausalLM.forward_tree): row i at position
@@ -93,12 +125,15 @@ class NativeLM:
         start = self._length
         depth, sees = tree_layout(parents.tolist())
         tokens = tokens.to(_LONG).contiguous()
-        positions = start + torch.tensor(depth, dtype=_LONG)
-        extra = start + sees.nonzero()[:, 1]  # row-major: each row's visible nodes, ascending
-        extra_start = torch.zeros(len(depth) + 1, dtype=_LONG)
+        self._room(start + tokens.numel())
+        n = len(depth)
+        extra = self._base + start + sees.nonzero()[:, 1]  # row-major: each row's visible nodes, ascending
+        extra_start = torch.zeros(n + 1, dtype=_LONG)
         extra_start[1:] = sees.sum(1).cumsum(0)
-        prefix = torch.full((len(depth),), start, dtype=_LONG)
-        return self._run(tokens, positions, prefix, extra_start, extra.contiguous(), 0)
+        rows = Rows(tokens, start + torch.tensor(depth, dtype=_LONG), self._base + torch.arange(start, start + n),
+                    torch.full((n,), self._base, dtype=_LONG), torch.full((n,), start, dtype=_LONG), extra_start,
+                    extra.contiguous(), torch.arange(n))
+        return self._appended(rows, self.decoder.forward(rows))
 
     def weight_bytes(self) -> int:
         """Bytes of weights a forward reads (specdec.tune.measure)."""
@@ -109,25 +144,38 @@ class NativeLM:
         return self.decoder.kv_bytes(positions)
 
     def _room(self, end: int) -> None:
-        """Cache slots up to `end`: the cache doubles (within max_positions) when it runs out."""
-        if end <= self.decoder.capacity:
+        """Cache slots up to position `end`: the run doubles (within max_positions) when it runs out."""
+        if end <= self._size:
             return
         if self.max_positions is not None and end > self.max_positions:
             raise SpecdecError(f"the sequence would reach {end} positions, past the model's {self.max_positions}")
-        grown = max(end, 2 * self.decoder.capacity)
+        grown = self._size or self._slots
+        while grown < end:
+            grown *= 2
         grown = grown if self.max_positions is None else min(grown, self.max_positions)
-        self.decoder.grow(grown, keep=self._length)
-        held = torch.zeros(grown, dtype=_LONG)
-        held[: self._length] = self._held[: self._length]
-        self._held = held
+        if self._size:
+            self._base = self.pool.resize(self, grown, keep=self._length)
+        else:
+            self._base = self.pool.claim(self, grown)
+        with torch.inference_mode(False):  # updated in place in and out of inference mode
+            held = torch.zeros(grown, dtype=_LONG)
+            held[: self._length] = self._held[: self._length]
+        self._held, self._size = held, grown
 
-    def _run(self, tokens: torch.Tensor, positions: torch.Tensor, prefix: torch.Tensor, extra_start: torch.Tensor,
-             extra: torch.Tensor, first: int) -> torch.Tensor:
-        start, n = self._length, tokens.numel()
-        self._room(start + n)
-        slots = torch.arange(start, start + n, dtype=_LONG)
-        logits = self.decoder.forward(tokens, positions, slots, prefix, extra_start, extra, first)
-        self._held[start : start + n] = tokens
+    def _chain(self, tokens: torch.Tensor, last_only: bool) -> Rows:
+        """The rows that append `tokens` (room made first): row i at the next position, seeing
+        the sequence's slots up to and including its own."""
+        tokens = tokens.to(_LONG).contiguous()
+        n, start = tokens.numel(), self._length
+        positions = torch.arange(start, start + n, dtype=_LONG)
+        none = torch.zeros(n + 1, dtype=_LONG)
+        return Rows(tokens, positions, self._base + positions, torch.full((n,), self._base, dtype=_LONG),
+                    positions + 1, none, none[:0], torch.arange(n - 1 if last_only else 0, n))
+
+    def _appended(self, rows: Rows, logits: torch.Tensor) -> torch.Tensor:
+        """Record the rows just forwarded (their tokens behind their slots) and check the logits."""
+        start, n = self._length, rows.tokens.numel()
+        self._held[start : start + n] = rows.tokens
         self._length = start + n
         self.calls += 1
         # A sum is finite only if every term is (else a term is inf or NaN, or the sum overflowed:
@@ -136,6 +184,7 @@ class NativeLM:
         if int(self.nonfinite_at) < 0 and not math.isfinite(float(logits.sum())):
             finite = torch.isfinite(logits).all(-1)
             if not bool(finite.all()):
+                first = int(rows.wanted[0])
                 self.nonfinite_at = torch.tensor(start + first + int((~finite).nonzero()[0, 0]), dtype=_LONG)
         return logits
 
@@ -146,6 +195,7 @@ class NativeLM:
             raise ValueError(f"offsets {offsets} must increase and lie in [0, {span})")
         source = start + torch.tensor(offsets, dtype=_LONG)
         target = start + torch.arange(len(offsets), dtype=_LONG)
-        self.decoder.move(source, target)
+        self.decoder.move(self._base + source, self._base + target)
         self._held[target] = self._held[source]
         self._length = start + len(offsets)
+

@@ -5,7 +5,8 @@ call per forward."""
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
@@ -41,13 +42,47 @@ class _Model(ctypes.Structure):
 
 
 class _Visible(ctypes.Structure):
-    _fields_ = [("prefix", _p), ("start", _p), ("extra", _p)]
+    _fields_ = [("lo", _p), ("prefix", _p), ("start", _p), ("extra", _p)]
+
+
+@dataclass
+class Rows:
+    """The rows of one decoder call (int64 tensors, see decoder.cpp): row r is token tokens[r]
+    at rotary position positions[r], its K/V written to slot slots[r], seeing slots
+    [lo[r], lo[r] + prefix[r]) then extra[extra_start[r] : extra_start[r + 1]]; logits are
+    computed for the rows listed in `wanted`."""
+
+    tokens: torch.Tensor
+    positions: torch.Tensor
+    slots: torch.Tensor
+    lo: torch.Tensor
+    prefix: torch.Tensor
+    extra_start: torch.Tensor
+    extra: torch.Tensor
+    wanted: torch.Tensor
+
+    @staticmethod
+    def join(parts: Sequence[Rows]) -> Rows:
+        """The rows of several calls as one call's (each part's extras and wanted rows shifted)."""
+        if len(parts) == 1:
+            return parts[0]
+        offsets = [0]
+        for part in parts:
+            offsets.append(offsets[-1] + part.tokens.numel())
+        starts, at = [torch.zeros(1, dtype=torch.long)], 0
+        for part in parts:
+            starts.append(part.extra_start[1:] + at)
+            at += int(part.extra_start[-1])
+        return Rows(*(torch.cat([getattr(p, name) for p in parts]) for name in
+                      ("tokens", "positions", "slots", "lo", "prefix")),
+                    torch.cat(starts), torch.cat([p.extra for p in parts]),
+                    torch.cat([p.wanted + off for p, off in zip(parts, offsets)]))
 
 
 @cache
 def library() -> ctypes.CDLL:
     lib = ctypes.CDLL(str(library_path(source=SOURCE)))
-    lib.sd_decoder_forward.argtypes = [ctypes.POINTER(_Model), _p, _i64, _p, _p, _Visible, _i64, _p]
+    lib.sd_decoder_forward.argtypes = [ctypes.POINTER(_Model), _p, _i64, _p, _p, _Visible, _p, _i64, _p]
     lib.sd_decoder_move.argtypes = [ctypes.POINTER(_Model), _p, _p, _i64]
     lib.sd_decoder_timings.argtypes = [_p]
     lib.sd_decoder_forward.restype = lib.sd_decoder_move.restype = lib.sd_decoder_timings.restype = None
@@ -109,12 +144,13 @@ class Decoder:
     def grow(self, capacity: int, keep: int) -> None:
         """A cache of `capacity` slots holding the first `keep` slots of the current one."""
         cfg = self.weights.config
-        k_cache = torch.zeros(cfg.layers, cfg.kv_heads, capacity, cfg.head_dim)  # decoder.cpp's layout
-        v_cache = torch.zeros_like(k_cache)
-        if keep:
-            k_cache[:, :, :keep] = self.k_cache[:, :, :keep]
-            v_cache[:, :, :keep] = self.v_cache[:, :, :keep]
-        cos, sin = self._rotary(capacity)
+        with torch.inference_mode(False):  # a cache grown inside a draft's proposal lives on outside it
+            k_cache = torch.zeros(cfg.layers, cfg.kv_heads, capacity, cfg.head_dim)  # decoder.cpp's layout
+            v_cache = torch.zeros_like(k_cache)
+            if keep:
+                k_cache[:, :, :keep] = self.k_cache[:, :, :keep]
+                v_cache[:, :, :keep] = self.v_cache[:, :, :keep]
+            cos, sin = self._rotary(capacity)
         self.k_cache, self.v_cache, self.capacity = k_cache, v_cache, capacity
         self._keep = (cos, sin)  # tensors the C structs point into live as long as they do
         w = self.weights
@@ -135,20 +171,19 @@ class Decoder:
         per_slot = 2 * layers * heads * dim * self.k_cache.element_size()
         return per_slot * (self.capacity if slots is None else slots)
 
-    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, prefix: torch.Tensor,
-                extra_start: torch.Tensor, extra: torch.Tensor, first: int) -> torch.Tensor:
-        """Logits [n - first, head rows] float32 of the n rows (int64 tensors, see decoder.cpp)."""
-        n = tokens.numel()
-        embedded = self.weights.embed(tokens).contiguous()
-        if int(slots.max()) >= self.capacity or int(positions.max()) >= self.capacity:
+    def forward(self, rows: Rows) -> torch.Tensor:
+        """Logits [len(rows.wanted), head rows] float32 of the wanted rows."""
+        embedded = self.weights.embed(rows.tokens).contiguous()
+        if int(rows.slots.max()) >= self.capacity or int(rows.positions.max()) >= self.capacity:
             raise SpecdecError(f"a forward past the native runtime's {self.capacity} cache slots (NativeLM grows "
                                "the cache first)")
-        logits = torch.empty(n - first, self.head_width)
-        visible = _Visible(_ptr(prefix), _ptr(extra_start), _ptr(extra))
-        self._lib.sd_decoder_forward(self._model_ref, _ptr(embedded), n, _ptr(positions), _ptr(slots), visible,
-                                     first, _ptr(logits))
+        logits = torch.empty(rows.wanted.numel(), self.head_width)
+        visible = _Visible(_ptr(rows.lo), _ptr(rows.prefix), _ptr(rows.extra_start), _ptr(rows.extra))
+        self._lib.sd_decoder_forward(self._model_ref, _ptr(embedded), rows.tokens.numel(), _ptr(rows.positions),
+                                     _ptr(rows.slots), visible, _ptr(rows.wanted), rows.wanted.numel(), _ptr(logits))
         return logits if self.head_rows == self.head_width else logits[:, : self.head_rows]
 
     def move(self, source: torch.Tensor, target: torch.Tensor) -> None:
-        """Copy cache slots source[i] -> target[i] in every layer (ascending, target <= source)."""
+        """Copy cache slots source[i] -> target[i] in every layer, in order (where the two
+        overlap: ascending, target <= source)."""
         self._lib.sd_decoder_move(self._model_ref, _ptr(source), _ptr(target), source.numel())

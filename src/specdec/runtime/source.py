@@ -139,7 +139,9 @@ def read_gguf(path: Path | GGUFReader, cfg: DecoderConfig, mode: str, keep: Keep
 def read_model(model: PreTrainedModel, cfg: DecoderConfig, mode: str) -> SourceWeights:
     """A dense Hugging Face model's weights, every linear layer rounded (int4: Q4 in groups of
     32, the output layer Q8; int8: Q8; int3: Q3, the output layer Q4)."""
-    from ..models.quantized import quantize_weights  # transformers' side: imported only here
+    from ..models.quantized import (
+        quantize_weights,  # transformers' side: imported only here
+    )
 
     head = model.get_output_embeddings().weight.detach()
     if mode == "int3":

@@ -22,10 +22,11 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from .errors import ApiError, invalid
+from .job import Failed, Finished, Job, Tokens
 from .metrics import CONTENT_TYPE
 from .request import CHAT, COMPLETIONS, read_request
 from .respond import Reply
-from .worker import DecodeWorker, Failed, Finished, Job, Tokens
+from .worker import DecodeWorker
 
 OPEN_PATHS = ("/health",)  # answered without the API key
 

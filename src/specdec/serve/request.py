@@ -36,13 +36,12 @@ class Defaults:
 @dataclass(frozen=True)
 class Model:
     """What requests are checked against: the served name, the target's vocabulary (logits
-    width) and context, and whether the engine takes min_p."""
+    width) and context."""
 
     name: str
     vocab_size: int
     context: int | None
     defaults: Defaults = field(default_factory=Defaults)
-    takes_min_p: bool = False
 
 
 @dataclass(frozen=True)
@@ -253,9 +252,6 @@ def _sampling(body: dict, model: Model) -> Sampling:
         raise invalid(f"min_p must be in [0, 1) (0: off; 0.05 is llama.cpp's default), got {min_p}", "min_p")
     if min_p == 0:
         min_p = None
-    if min_p is not None and not model.takes_min_p:
-        raise invalid("min_p is not supported by this build of specdec: leave it out or send 0", "min_p",
-                      "unsupported_parameter")
     seed = _int(body, "seed", None, None)
     return Sampling(temperature, top_k, None if top_p == 1 else top_p, min_p, d.seed if seed is None else seed)
 

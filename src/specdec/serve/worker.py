@@ -1,36 +1,32 @@
 """The decode worker: one thread that loads the models, owns them, and decodes the queued
-requests one at a time.
+requests together (continuous batching, decode.batch): requests join the running batch after
+their prefill, up to --max-sequences at once and within the K/V budget (--kv-tokens positions
+held together, a request reserving its prompt, its max_tokens and a round's guesses), and leave
+at their end, between rounds. Each round, every running request guesses as many tokens as the
+cost model finds worth it for the block the whole batch verifies (decode.plan).
 
 Requests wait in a bounded queue (full: 503 with Retry-After). The worker talks to the HTTP side
-only through Jobs: each holds a checked Generation, a cancel flag the HTTP side sets (client
-gone, server stopping), and an asyncio queue the worker fills, from its thread, with Tokens
-events (per round), then one Finished or Failed. A cancelled job still in the queue is skipped;
-a running one stops at its next round (the engine's on_commit returns True), with its numbers
-counted. Continuous batching would replace `_decode` by a loop over the running jobs' rounds,
-keeping the same Job and event protocol.
+only through Jobs (serve.job). A cancelled job still in the queue is skipped; a running one stops
+at its next round (the engine's on_commit returns True), with its numbers counted.
 """
 
 from __future__ import annotations
 
-import asyncio
-import inspect
 import math
 import queue
 import sys
 import threading
-import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..errors import SpecdecError
 from .errors import ApiError
+from .job import Decode, Failed, Finished, Job
 from .metrics import ServerMetrics
-from .request import Defaults, Generation, Model
-from .respond import Delta, TokenLogprob, timings, usage
-from .text import TextStream, piece
+from .request import Defaults, Model
+from .respond import usage
 
-LOGPROB_FLOOR = -9999.0  # -inf is not JSON: log-probabilities are clamped here, as vLLM does
 WARMUP_TOKENS = 4
 
 
@@ -43,54 +39,22 @@ class Loaded:
     tokenizer: object
     drafter: object | None
     method: str
+    plan: object | None = None  # decode.batch.Plan: guesses per request and round (None: the proposer's k)
 
 
 @dataclass(frozen=True)
-class Tokens:
-    deltas: list[Delta]
+class Limits:
+    """How many requests decode at once and how many positions their K/V caches may hold
+    together (each request reserves prompt + max_tokens + its guesses)."""
 
-
-@dataclass(frozen=True)
-class Finished:
-    text: str
-    finish: str  # "stop", "length", "cancelled"
-    usage: dict
-    timings: dict
-
-
-@dataclass(frozen=True)
-class Failed:
-    error: ApiError
-
-
-class Job:
-    """One request between the HTTP side (its event loop) and the worker thread."""
-
-    def __init__(self, generation: Generation, loop: asyncio.AbstractEventLoop):
-        self.generation = generation
-        self.arrived = time.perf_counter()
-        self.events: asyncio.Queue = asyncio.Queue()
-        self._loop = loop
-        self._cancelled = threading.Event()
-
-    def cancel(self) -> None:
-        self._cancelled.set()
-
-    @property
-    def cancelled(self) -> bool:
-        return self._cancelled.is_set()
-
-    def put(self, event) -> None:
-        """From the worker thread: hand an event to the request's handler."""
-        try:
-            self._loop.call_soon_threadsafe(self.events.put_nowait, event)
-        except RuntimeError:  # the event loop is gone (server stopped): nobody listens
-            pass
+    sequences: int = 8
+    kv_tokens: int = 32768
 
 
 class DecodeWorker:
     def __init__(self, load: Callable[[], Loaded], metrics: ServerMetrics, name: str, defaults: Defaults,
-                 max_queue: int, on_load_failure: Callable[[BaseException], None] | None = None):
+                 max_queue: int, on_load_failure: Callable[[BaseException], None] | None = None,
+                 limits: Limits = Limits()):
         self.metrics, self.name, self.defaults = metrics, name, defaults
         self.state = "loading"  # then "ready", or "failed" (load_error says why), or "stopped"
         self.load_error: BaseException | None = None
@@ -100,7 +64,9 @@ class DecodeWorker:
         self._load, self.on_load_failure = load, on_load_failure
         self._queue: queue.Queue[Job | None] = queue.Queue(maxsize=max_queue)
         self._stopping = threading.Event()
-        self._current: Job | None = None
+        self.limits = limits
+        self._decoding: dict = {}  # Decoding -> Decode, the running requests
+        self._held: Job | None = None  # taken from the queue, waiting for room in the batch
         self._mean_s = 1.0  # moving average of a request's decode time, for Retry-After
         self._thread = threading.Thread(target=self._run, name="specdec-decode", daemon=True)
 
@@ -151,10 +117,8 @@ class DecodeWorker:
                            "chat_template_error") from None
 
     def stop(self) -> None:
-        """Stop decoding: the running request ends at its next round, waiting ones are refused."""
+        """Stop decoding: running requests end at their next round, waiting ones are refused."""
         self._stopping.set()
-        if self._current is not None:
-            self._current.cancel()
         while True:
             try:
                 job = self._queue.get_nowait()
@@ -178,7 +142,7 @@ class DecodeWorker:
         try:
             self.loaded = self._load()
             lm = self.loaded.lm
-            self.model = Model(self.name, lm.vocab_size, lm.max_positions, self.defaults, takes_min_p())
+            self.model = Model(self.name, lm.vocab_size, lm.max_positions, self.defaults)
             self._warm_up()
         except BaseException as e:  # noqa: BLE001 - the server reports it and stops
             self.load_error, self.state = e, "failed"
@@ -186,116 +150,111 @@ class DecodeWorker:
                 self.on_load_failure(e)
             return
         self.state = "ready"
-        print(f"[specdec] serving {self.name} ({self.loaded.method})", file=sys.stderr, flush=True)
-        while not self._stopping.is_set():
-            job = self._queue.get()
-            if job is None:
+        print(f"[specdec] serving {self.name} ({self.loaded.method}; up to {self.limits.sequences} requests at "
+              f"once, {self.limits.kv_tokens} K/V positions)", file=sys.stderr, flush=True)
+        from ..decode.batch import Batch
+
+        batch = Batch(self.loaded.lm, self.loaded.drafter, self.loaded.plan)
+        while True:
+            if not self._admit(batch):
                 break
-            self.metrics.waiting.labels(self.name).dec()
-            if job.cancelled:  # its client left while it waited
-                self.metrics.ended("cancelled", 0, 0, None)
-                job.put(Finished("", "cancelled", usage(0, 0), {}))
-                continue
-            self._current = job
-            try:
-                self._decode(job)
-            finally:
-                self._current = None
+            if batch.running:
+                self._round(batch)
+        for d in list(batch.running):  # stopping: what runs ends now, counted as cancelled
+            batch.remove(d)
+            self._decoding.pop(d).finish(d.result("stopped"), self.loaded.method)
+        if self._held is not None:
+            self._held.put(Failed(ApiError(503, "the server is stopping", code="stopping")))
         self.state = "stopped"
 
     def _warm_up(self) -> None:
         """One short greedy generation, so the first request does not pay one-time costs (weight
-        packing, kernel selection)."""
+        packing, kernel selection); then the runtime's own cache is given back."""
         from ..decode.engine import generate
 
         loaded = self.loaded
         prompt = list(range(1, 1 + min(8, loaded.lm.vocab_size - 1)))
         generate(loaded.lm, prompt, drafter=loaded.drafter, max_new_tokens=WARMUP_TOKENS, eos_token_id=[])
+        for lm in (loaded.lm, getattr(loaded.drafter, "draft_lm", None)):  # requests decode on lanes of their own
+            if lm is not None:
+                lm.release()
 
-    def _decode(self, job: Job) -> None:
-        from ..decode.engine import generate
-
-        g, s, loaded = job.generation, job.generation.sampling, self.loaded
-        m = self.metrics
-        started = time.perf_counter()
-        queue_s = started - job.arrived
-        m.queue_time.labels(self.name).observe(queue_s)
-        m.running.labels(self.name).inc()
-        text = TextStream(loaded.tokenizer, g.stop, self.tokenizer_lock)
-        rows: list = []
-        kept = 0
-        first_at: float | None = None
-        last_at = started
-
-        def on_commit(tokens: list[int], from_draft: int) -> bool:
-            nonlocal kept, first_at, last_at
-            now = time.perf_counter()
-            if first_at is None:
-                first_at = now
-                m.ttft.labels(self.name).observe(now - job.arrived)
-            else:
-                for _ in tokens:
-                    m.itl.labels(self.name).observe((now - last_at) / len(tokens))
-            last_at = now
-            entries = self._logprobs(rows.pop(), tokens, g.logprobs) if rows else [None] * len(tokens)
-            deltas = []
-            for token, entry in zip(tokens, entries):
-                deltas.append(Delta(text.push(token), entry))
-                kept += 1
-                if text.stopped:
+    def _admit(self, batch) -> bool:
+        """Start waiting requests while the batch has room (waiting for one when nothing runs);
+        False once the server stops."""
+        while not self._stopping.is_set():
+            job = self._held
+            if job is None:
+                try:
+                    job = self._queue.get(block=not batch.running)
+                except queue.Empty:
+                    return True
+                if job is None:
                     break
-            job.put(Tokens(deltas))
-            return text.stopped or job.cancelled or self._stopping.is_set()
+                self.metrics.waiting.labels(self.name).dec()
+            if job.cancelled:  # its client left while it waited
+                self._held = None
+                self.metrics.ended("cancelled", 0, 0, None)
+                job.put(Finished("", "cancelled", usage(0, 0), {}))
+                continue
+            if batch.running and not self._room_for(job):
+                self._held = job  # it starts when a running request leaves
+                return True
+            self._held = None
+            self._start(batch, job)
+        return False
 
-        extra = {"min_p": s.min_p} if s.min_p is not None else {}
+    def _room_for(self, job: Job) -> bool:
+        return (len(self._decoding) < self.limits.sequences
+                and self._reserved(job) + sum(self._reserved(r.job) for r in self._decoding.values())
+                <= self.limits.kv_tokens)
+
+    def _reserved(self, job: Job) -> int:
+        drafter = self.loaded.drafter
+        g = job.generation
+        return len(g.prompt_ids) + g.max_tokens + (drafter.k if drafter is not None else 0) + 1
+
+    def _start(self, batch, job: Job) -> None:
+        from ..decode.sampling import SamplingConfig
+        from ..decode.sequence import Options
+
+        g, s = job.generation, job.generation.sampling
+        decode = Decode(job, self.name, self.metrics, self.loaded.tokenizer, self.tokenizer_lock,
+                        self._stopping.is_set)
+        options = Options(g.max_tokens, SamplingConfig(s.temperature, s.top_k, s.top_p, s.min_p), s.seed,
+                          [] if g.ignore_eos else None, decode.on_commit, decode.on_target_logits)
         try:
-            result = generate(
-                loaded.lm, list(g.prompt_ids), drafter=loaded.drafter, max_new_tokens=g.max_tokens,
-                temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, seed=s.seed,
-                eos_token_id=[] if g.ignore_eos else None, on_commit=on_commit,
-                on_target_logits=rows.append if g.logprobs is not None else None, **extra)
+            d = batch.add(list(g.prompt_ids), options, self._reserved(job))
         except Exception as e:  # noqa: BLE001 - one request fails, the server goes on
-            status = 400 if isinstance(e, SpecdecError) else 500
-            if status == 500:
-                traceback.print_exc()
-            m.ended("error", len(g.prompt_ids), kept, None)
-            job.put(Failed(ApiError(status, f"decoding failed: {e}", code="decode_failed")))
+            decode.fail(self._error(e))
             return
-        finally:
-            m.running.labels(self.name).dec()
-        if result.finish_reason == "stopped":
-            finish = "stop" if text.stopped else "cancelled"
+        if d.finished:
+            self._ended(decode, d.result())
         else:
-            finish = "stop" if result.finish_reason == "eos" else "length"
-        tail = text.finish()
-        if tail:
-            job.put(Tokens([Delta(tail)]))
-        ttft = None if first_at is None else first_at - job.arrived
-        figures = timings(result.stats, len(g.prompt_ids), kept, queue_s, ttft, loaded.method)
-        m.ended(finish, len(g.prompt_ids), kept, figures)
-        m.e2e.labels(self.name).observe(time.perf_counter() - job.arrived)
-        self._mean_s = 0.8 * self._mean_s + 0.2 * (time.perf_counter() - started)
-        job.put(Finished(text.text, finish, usage(len(g.prompt_ids), kept), figures))
+            self._decoding[d] = decode
 
-    def _logprobs(self, rows, tokens: list[int], top: int) -> list[TokenLogprob]:
-        """The target's log-probabilities (raw logits, no temperature or truncation, as vLLM and
-        OpenAI give them) of the committed tokens and their `top` best alternatives."""
-        import torch
+    def _round(self, batch) -> None:
+        try:
+            ended = batch.step()
+        except Exception as e:  # noqa: BLE001 - a round failed as a whole: its requests fail, the server goes on
+            ended = [(d, e) for d in list(batch.running)]
+            for d, _ in ended:
+                batch.remove(d)
+        for d, error in ended:
+            decode = self._decoding.pop(d)
+            if error is not None:
+                decode.fail(self._error(error))
+            else:
+                self._ended(decode, d.result())
 
-        logp = torch.log_softmax(rows[: len(tokens)].float(), dim=-1)
-        chosen = logp.gather(1, torch.tensor(tokens, device=logp.device).view(-1, 1)).view(-1).tolist()
-        best = logp.topk(top, dim=-1) if top else None
-        values, ids = (best.values.tolist(), best.indices.tolist()) if best is not None else ([], [])
-        tokenizer = self.loaded.tokenizer
-        with self.tokenizer_lock:
-            return [TokenLogprob(token, piece(tokenizer, token), max(lp, LOGPROB_FLOOR),
-                                 tuple((i, piece(tokenizer, i), max(v, LOGPROB_FLOOR))
-                                       for i, v in zip(ids[n], values[n])) if best is not None else ())
-                    for n, (token, lp) in enumerate(zip(tokens, chosen))]
+    def _ended(self, decode: Decode, result) -> None:
+        seconds = decode.finish(result, self.loaded.method)
+        self._mean_s = 0.8 * self._mean_s + 0.2 * seconds
 
+    @staticmethod
+    def _error(e: Exception) -> ApiError:
+        status = 400 if isinstance(e, SpecdecError) else 500
+        if status == 500:
+            traceback.print_exception(e)
+        return ApiError(status, f"decoding failed: {e}", code="decode_failed")
 
-def takes_min_p() -> bool:
-    """Whether the engine's generate takes min_p (a sampling option being added beside this)."""
-    from ..decode.engine import generate
-
-    return "min_p" in inspect.signature(generate).parameters

@@ -1,0 +1,149 @@
+"""One request between the HTTP side and the decode worker (Job), and what the worker does for
+it while it decodes (Decode: its text stream, stop strings, logprobs, metrics and timings).
+
+The worker talks to the HTTP side only through Jobs: each holds a checked Generation, a cancel
+flag the HTTP side sets (client gone, server stopping), and an asyncio queue the worker fills,
+from its thread, with Tokens events (per round), then one Finished or Failed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .errors import ApiError
+from .metrics import ServerMetrics
+from .request import Generation
+from .respond import Delta, TokenLogprob, timings, usage
+from .text import TextStream, piece
+
+LOGPROB_FLOOR = -9999.0  # -inf is not JSON: log-probabilities are clamped here, as vLLM does
+
+
+@dataclass(frozen=True)
+class Tokens:
+    deltas: list[Delta]
+
+
+@dataclass(frozen=True)
+class Finished:
+    text: str
+    finish: str  # "stop", "length", "cancelled"
+    usage: dict
+    timings: dict
+
+
+@dataclass(frozen=True)
+class Failed:
+    error: ApiError
+
+
+class Job:
+    """One request between the HTTP side (its event loop) and the worker thread."""
+
+    def __init__(self, generation: Generation, loop: asyncio.AbstractEventLoop):
+        self.generation = generation
+        self.arrived = time.perf_counter()
+        self.events: asyncio.Queue = asyncio.Queue()
+        self._loop = loop
+        self._cancelled = threading.Event()
+
+    def cancel(self) -> None:
+        self._cancelled.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled.is_set()
+
+    def put(self, event) -> None:
+        """From the worker thread: hand an event to the request's handler."""
+        try:
+            self._loop.call_soon_threadsafe(self.events.put_nowait, event)
+        except RuntimeError:  # the event loop is gone (server stopped): nobody listens
+            pass
+
+
+class Decode:
+    """A job while the worker decodes it: the engine's on_commit / on_target_logits hooks turn
+    committed tokens into text deltas (cut at a stop string) with logprobs, and record the
+    time-to-first-token and inter-token latencies; finish() sends the last events."""
+
+    def __init__(self, job: Job, name: str, metrics: ServerMetrics, tokenizer, tokenizer_lock: threading.Lock,
+                 stopping: Callable[[], bool]):
+        self.job, self.name, self.metrics = job, name, metrics
+        self.tokenizer, self.tokenizer_lock, self.stopping = tokenizer, tokenizer_lock, stopping
+        g = job.generation
+        self.started = time.perf_counter()
+        self.queue_s = self.started - job.arrived
+        metrics.queue_time.labels(name).observe(self.queue_s)
+        metrics.running.labels(name).inc()
+        self.text = TextStream(tokenizer, g.stop, tokenizer_lock)
+        self.rows: list = []  # the target's rows of the round being committed (logprobs)
+        self.kept = 0
+        self.first_at: float | None = None
+        self.last_at = self.started
+
+    @property
+    def on_target_logits(self):
+        return self.rows.append if self.job.generation.logprobs is not None else None
+
+    def on_commit(self, tokens: list[int], from_draft: int) -> bool:
+        now, m = time.perf_counter(), self.metrics
+        if self.first_at is None:
+            self.first_at = now
+            m.ttft.labels(self.name).observe(now - self.job.arrived)
+        else:
+            for _ in tokens:
+                m.itl.labels(self.name).observe((now - self.last_at) / len(tokens))
+        self.last_at = now
+        top = self.job.generation.logprobs
+        entries = self._logprobs(self.rows.pop(), tokens, top) if self.rows else [None] * len(tokens)
+        deltas = []
+        for token, entry in zip(tokens, entries):
+            deltas.append(Delta(self.text.push(token), entry))
+            self.kept += 1
+            if self.text.stopped:
+                break
+        self.job.put(Tokens(deltas))
+        return self.text.stopped or self.job.cancelled or self.stopping()
+
+    def finish(self, result, method: str) -> float:
+        """Send the text's tail and Finished for the engine's result; the request's decode seconds."""
+        m, g = self.metrics, self.job.generation
+        m.running.labels(self.name).dec()
+        if result.finish_reason == "stopped":
+            finish = "stop" if self.text.stopped else "cancelled"
+        else:
+            finish = "stop" if result.finish_reason == "eos" else "length"
+        tail = self.text.finish()
+        if tail:
+            self.job.put(Tokens([Delta(tail)]))
+        ttft = None if self.first_at is None else self.first_at - self.job.arrived
+        figures = timings(result.stats, len(g.prompt_ids), self.kept, self.queue_s, ttft, method)
+        m.ended(finish, len(g.prompt_ids), self.kept, figures)
+        m.e2e.labels(self.name).observe(time.perf_counter() - self.job.arrived)
+        self.job.put(Finished(self.text.text, finish, usage(len(g.prompt_ids), self.kept), figures))
+        return time.perf_counter() - self.started
+
+    def fail(self, error: ApiError) -> None:
+        self.metrics.running.labels(self.name).dec()
+        self.metrics.ended("error", len(self.job.generation.prompt_ids), self.kept, None)
+        self.job.put(Failed(error))
+
+    def _logprobs(self, rows, tokens: list[int], top: int) -> list[TokenLogprob]:
+        """The target's log-probabilities (raw logits, no temperature or truncation, as vLLM and
+        OpenAI give them) of the committed tokens and their `top` best alternatives."""
+        import torch
+
+        logp = torch.log_softmax(rows[: len(tokens)].float(), dim=-1)
+        chosen = logp.gather(1, torch.tensor(tokens, device=logp.device).view(-1, 1)).view(-1).tolist()
+        best = logp.topk(top, dim=-1) if top else None
+        values, ids = (best.values.tolist(), best.indices.tolist()) if best is not None else ([], [])
+        with self.tokenizer_lock:
+            return [TokenLogprob(token, piece(self.tokenizer, token), max(lp, LOGPROB_FLOOR),
+                                 tuple((i, piece(self.tokenizer, i), max(v, LOGPROB_FLOOR))
+                                       for i, v in zip(ids[n], values[n])) if best is not None else ())
+                    for n, (token, lp) in enumerate(zip(tokens, chosen))]

@@ -1,0 +1,166 @@
+"""Several sequences in one forward (runtime.lm.NativeLM.forward_lanes, runtime.pool) and
+continuous batching (decode.batch): every row of a multi-sequence forward equals the row computed
+alone, the slot pool's runs move and grow without losing a bit, and a batch's greedy outputs
+equal each prompt generated alone, bit for bit, with every proposer, as sequences join and leave."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from conftest import perturbed
+from scipy.stats import chisquare
+from test_runtime import VOCAB, alone, sequence, tiny
+
+from specdec import DraftModel, Hybrid, PromptLookup, TreeDraft, generate
+from specdec.decode.batch import Batch, generate_many
+from specdec.decode.sampling import SamplingConfig
+from specdec.decode.sequence import Options
+from specdec.errors import SpecdecError
+from specdec.proposers.policy import ConfidenceFloor
+from specdec.runtime import from_transformers
+from specdec.runtime.lm import NativeLM
+
+
+@pytest.fixture(scope="module")
+def models():
+    """(target, draft) on the native runtime: the draft a perturbed copy of the target, so it
+    agrees often but not always."""
+    model = tiny("qwen2", layers=2)
+    target = from_transformers(copy.deepcopy(model), "int4", capacity=16)
+    draft = from_transformers(perturbed(copy.deepcopy(model), seed=2, scale=0.05), "int4", capacity=16)
+    return target, draft
+
+
+def test_rows_of_several_sequences_in_one_forward_are_the_rows_alone(models):
+    """Three lanes of different lengths, forwarded together in blocks of 1-5 rows (last_only
+    for one), with a lane growing past its run and moving: every logits row equals that
+    sequence's row decoded one token at a time alone."""
+    target, _ = models
+    seqs = [sequence(40, seed=s) for s in (1, 2, 3)]
+    singles = [alone(target, s) for s in seqs]
+    held = target.pool.held()
+    lanes = [target.lane(slots=4) for _ in seqs]
+    at = [0, 0, 0]
+    for sizes in ([5, 1, 3], [1, 2, 1], [4, 4, 4], [1, 1, 5], [3, 5, 1], [5, 3, 2]):
+        blocks = [(lm, s[a : a + n], i == 1) for i, (lm, s, a, n) in enumerate(zip(lanes, seqs, at, sizes))]
+        got = NativeLM.forward_lanes(blocks)
+        for i, n in enumerate(sizes):
+            want = singles[i][at[i] : at[i] + n]
+            assert torch.equal(got[i], want[-1:] if i == 1 else want), (sizes, i)
+            at[i] += n
+    assert [lm.length for lm in lanes] == at
+    assert target.pool.held() == held + 32 + 16 + 16  # runs of 4 slots doubled to hold 19, 16, 16
+    for lm in lanes:
+        lm.release()
+    assert target.pool.held() == held
+
+
+def test_the_pool_moves_runs_keeping_their_keys_and_refuses_past_its_limit(models):
+    """Lane a grows while lane b sits after it: a moves to free slots (its keys copied) and
+    its later rows still equal the rows alone; a released run's slots are reused; a pool limit
+    gives a one-line error."""
+    target, _ = models
+    tokens = sequence(30, seed=7)
+    single = alone(target, tokens)
+    a, b = target.lane(slots=4), target.lane(slots=4)
+    a.forward(tokens[:4])
+    b.forward(tokens[:3])
+    base_a = a._base
+    assert torch.equal(a.forward(tokens[4:20]), single[4:20]) and a._base != base_a
+    b.release()
+    c = target.lane(slots=4)
+    c.forward(tokens[:2])
+    assert c._base < a._base  # b's freed slots served c
+    assert torch.equal(a.forward(tokens[20:30]), single[20:30])
+    a.release(), c.release()
+    limited = copy.copy(target.pool)
+    limited._runs, limited.limit = {}, 8
+    lane = NativeLM(target.decoder, (), None, limited, slots=4)
+    lane.forward(tokens[:8])
+    with pytest.raises(SpecdecError, match="past its limit of 8"):
+        lane.forward(tokens[8:9])
+
+
+def _proposers(draft):
+    return {"plain": None, "draft": DraftModel(draft, k=3), "conf": DraftModel(draft, k=4, policy=ConfidenceFloor(0.6)),
+            "lookup": PromptLookup(k=3), "hybrid": Hybrid(DraftModel(draft, k=3), PromptLookup(k=3)),
+            "tree": TreeDraft(DraftModel(draft, k=3), width=2)}
+
+
+@pytest.mark.parametrize("method", ["plain", "draft", "conf", "lookup", "hybrid", "tree"])
+def test_a_batch_decodes_each_prompt_as_it_decodes_alone(models, method):
+    """Four prompts of different lengths and budgets (one ends on an EOS id on the way) decoded
+    together equal each generated alone, token for token (the native runtime: bit for bit)."""
+    target, draft = models
+    drafter = _proposers(draft)[method]
+    prompts = [torch.cat([sequence(n, seed=n), sequence(6, seed=1)]) for n in (3, 17, 9, 30)]
+    alone_out = [generate(target, p, drafter=drafter, max_new_tokens=24, eos_token_id=[]).new_tokens
+                 for p in prompts]
+    together = generate_many(target, prompts, drafter=drafter, max_new_tokens=24, eos_token_id=[])
+    assert [r.new_tokens for r in together] == alone_out
+    assert all(r.finish_reason == "length" for r in together)
+    if drafter is not None and method != "lookup":
+        assert all(r.stats.rounds < 24 for r in together)  # it did speculate
+    eos = alone_out[1][5]
+    ended = generate_many(target, prompts, drafter=drafter, max_new_tokens=24, eos_token_id=[eos])
+    first = [generate(target, p, drafter=drafter, max_new_tokens=24, eos_token_id=[eos]) for p in prompts]
+    assert [r.new_tokens for r in ended] == [r.new_tokens for r in first]
+    assert [r.finish_reason for r in ended] == [r.finish_reason for r in first]
+
+
+def test_sequences_join_and_leave_between_rounds(models):
+    """A batch that runs while sequences are added mid-way and one is removed: each finished
+    output equals its prompt alone; a removed sequence frees its slots."""
+    target, draft = models
+    drafter = DraftModel(draft, k=3)
+    prompts = [sequence(5 + 4 * i, seed=10 + i) for i in range(5)]
+    want = [generate(target, p, drafter=drafter, max_new_tokens=16 + i, eos_token_id=[]).new_tokens
+            for i, p in enumerate(prompts)]
+    batch = Batch(target, drafter)
+    started, finished = {}, {}
+    for round_ in range(60):
+        if round_ < len(prompts):
+            started[round_] = batch.add(prompts[round_], Options(16 + round_, eos_token_id=[]))
+        if round_ == 3:
+            batch.remove(started[2])
+        for d, error in batch.step() if batch.running else []:
+            assert error is None
+            finished[next(i for i, s in started.items() if s is d)] = d.result().new_tokens
+        if not batch.running and round_ >= len(prompts):
+            break
+    assert sorted(finished) == [0, 1, 3, 4]
+    assert all(finished[i] == want[i] for i in finished)
+    assert started[2].lm.length == 0  # released
+
+
+def test_batched_sampling_keeps_the_targets_distribution(models):
+    """Speculative sampling in batches of 8 (T=0.9, top_p=0.9, the draft's q judged per sequence):
+    the second token, the first a round decides, over 2,000 draws (250 batches of 8 seeds),
+    against its marginal under the target alone (sum over the first token t of p(t) p(. | t));
+    chi-square p > 0.001 (a batch row judged by another sequence's q or rows, or a generator
+    shared by the sequences, shifts it far past that), bins under 5 expected draws pooled."""
+    from specdec.decode.sampling import probs
+
+    target, draft = models
+    prompt = sequence(12, seed=4)
+    cfg = SamplingConfig(0.9, None, 0.9)
+    target.reset()
+    first = probs(target.prefill(prompt)[-1], cfg).double()
+    marginal = torch.zeros(VOCAB, dtype=torch.float64)
+    for t in first.nonzero().flatten().tolist():
+        target.reset()
+        marginal += first[t] * probs(target.prefill(torch.cat([prompt, torch.tensor([t])]))[-1], cfg).double()
+    drafter = DraftModel(draft, k=3)
+    counts = torch.zeros(VOCAB, dtype=torch.float64)
+    for trial in range(250):
+        for r in generate_many(target, [prompt] * 8, drafter=drafter, max_new_tokens=3, temperature=0.9,
+                               top_p=0.9, seed=8 * trial, eos_token_id=[]):
+            counts[r.new_tokens[1]] += 1
+    expected = marginal / marginal.sum() * counts.sum()
+    big = expected >= 5
+    observed = torch.cat([counts[big], counts[~big].sum().view(1)])
+    expect = torch.cat([expected[big], expected[~big].sum().view(1)])
+    assert counts[marginal == 0].sum() == 0
+    assert chisquare(observed.numpy(), expect.numpy()).pvalue > 1e-3
