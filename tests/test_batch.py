@@ -14,7 +14,7 @@ from scipy.stats import chisquare
 from test_runtime import VOCAB, alone, sequence, tiny
 
 from specdec import DraftModel, Hybrid, PromptLookup, TreeDraft, generate
-from specdec.decode.batch import Batch, generate_many
+from specdec.decode.batch import Batch
 from specdec.decode.sampling import SamplingConfig
 from specdec.decode.sequence import Options
 from specdec.errors import SpecdecError
@@ -98,13 +98,13 @@ def test_a_batch_decodes_each_prompt_as_it_decodes_alone(models, method):
     prompts = [torch.cat([sequence(n, seed=n), sequence(6, seed=1)]) for n in (3, 17, 9, 30)]
     alone_out = [generate(target, p, drafter=drafter, max_new_tokens=24, eos_token_id=[]).new_tokens
                  for p in prompts]
-    together = generate_many(target, prompts, drafter=drafter, max_new_tokens=24, eos_token_id=[])
+    together = generate(target, prompts, drafter=drafter, max_new_tokens=24, eos_token_id=[])
     assert [r.new_tokens for r in together] == alone_out
     assert all(r.finish_reason == "length" for r in together)
     if drafter is not None and method != "lookup":
         assert all(r.stats.rounds < 24 for r in together)  # it did speculate
     eos = alone_out[1][5]
-    ended = generate_many(target, prompts, drafter=drafter, max_new_tokens=24, eos_token_id=[eos])
+    ended = generate(target, prompts, drafter=drafter, max_new_tokens=24, eos_token_id=[eos])
     first = [generate(target, p, drafter=drafter, max_new_tokens=24, eos_token_id=[eos]) for p in prompts]
     assert [r.new_tokens for r in ended] == [r.new_tokens for r in first]
     assert [r.finish_reason for r in ended] == [r.finish_reason for r in first]
@@ -155,7 +155,7 @@ def test_batched_sampling_keeps_the_targets_distribution(models):
     drafter = DraftModel(draft, k=3)
     counts = torch.zeros(VOCAB, dtype=torch.float64)
     for trial in range(250):
-        for r in generate_many(target, [prompt] * 8, drafter=drafter, max_new_tokens=3, temperature=0.9,
+        for r in generate(target, [prompt] * 8, drafter=drafter, max_new_tokens=3, temperature=0.9,
                                top_p=0.9, seed=8 * trial, eos_token_id=[]):
             counts[r.new_tokens[1]] += 1
     expected = marginal / marginal.sum() * counts.sum()
@@ -164,3 +164,40 @@ def test_batched_sampling_keeps_the_targets_distribution(models):
     expect = torch.cat([expected[big], expected[~big].sum().view(1)])
     assert counts[marginal == 0].sum() == 0
     assert chisquare(observed.numpy(), expect.numpy()).pvalue > 1e-3
+
+
+def test_the_plan_guesses_where_rows_are_cheap_and_acceptance_high():
+    """The cost model's k per sequence: rows nearly free and drafts cheap -> every sequence its
+    full k; rows costing a whole step each -> no guesses; a sure sequence beside an unsure one
+    in a batch whose rows grow in cost -> the sure one guesses more. Each choice is also the
+    best of all k vectors by the same rate (exhaustive search over 0..4 per sequence)."""
+    import itertools
+    from types import SimpleNamespace
+
+    from specdec.decode.plan import Planner, curve
+    from specdec.decode.stats import GenerationStats
+
+    def seq(judged: int, accepted: int):
+        stats = GenerationStats()
+        stats.position_judged, stats.position_accepted = [judged], [accepted]
+        return SimpleNamespace(stats=stats)
+
+    sure, unsure = seq(100, 95), seq(100, 20)
+    cheap = Planner(curve({1: 0.024, 32: 0.030}), curve({1: 0.002, 8: 0.003}))
+    assert cheap([sure, sure], [4, 4]) == [4, 4]
+    dear = Planner(lambda n: 0.024 * n, lambda n: 0.005 * n)
+    assert dear([unsure, unsure], [4, 4]) == [0, 0]
+    middle = Planner(curve({1: 0.024, 4: 0.028, 8: 0.045, 16: 0.087}), curve({1: 0.004, 8: 0.010}))
+    ks = middle([sure, unsure], [4, 4])
+    assert ks[0] > ks[1]
+    from specdec.decode.plan import acceptance
+
+    alphas = [acceptance(sure), acceptance(unsure)]
+    best = max(middle.rate(list(k), alphas) for k in itertools.product(range(5), repeat=2))
+    assert middle.rate(ks, alphas) >= 0.98 * best
+
+
+def test_several_prompts_refuse_per_prompt_hooks(models):
+    target, _ = models
+    with pytest.raises(SpecdecError, match="on_commit and on_target_logits take one prompt"):
+        generate(target, [[1, 2], [3, 4]], max_new_tokens=2, on_commit=lambda tokens, n: None)

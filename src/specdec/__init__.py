@@ -6,7 +6,6 @@ from typing import TYPE_CHECKING
 from .errors import SpecdecError
 
 if TYPE_CHECKING:
-    from .decode.batch import generate_many
     from .decode.engine import GenerationResult, generate
     from .decode.sampling import SamplingConfig
     from .decode.stats import GenerationStats
@@ -17,8 +16,7 @@ if TYPE_CHECKING:
 
 # Where each public name lives: imported on first use, so that `specdec --help` and commands
 # that need no model do not import torch and transformers (seconds).
-_HOMES = {"GenerationResult": "decode.engine", "generate": "decode.engine", "generate_many": "decode.batch",
-          "SamplingConfig": "decode.sampling",
+_HOMES = {"GenerationResult": "decode.engine", "generate": "decode.engine", "SamplingConfig": "decode.sampling",
           "GenerationStats": "decode.stats", "load_model": "models.load", "encode_prompt": "prompts.chat",
           "DraftModel": "proposers", "Hybrid": "proposers", "PromptLookup": "proposers", "TreeDraft": "proposers",
           "load_gguf": ("runtime.load", "gguf_model")}
@@ -43,7 +41,6 @@ __all__ = [
     "TreeDraft",
     "encode_prompt",
     "generate",
-    "generate_many",
     "load_gguf",
     "load_model",
 ]

@@ -17,12 +17,13 @@ model over the rows the whole batch would verify); without one, each its propose
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 import torch
 
-from .interface import Runtime, runtime_of
+from ..errors import SpecdecError
+from .interface import Runtime
 from .proposal import Drafting, Proposal, Proposer
-from .sampling import SamplingConfig
 from .sequence import Decoding, GenerationResult, Options
 
 Block = tuple[Runtime, torch.Tensor, bool]  # (lane, tokens, last_only)
@@ -132,34 +133,27 @@ class Batch:
         return rows
 
 
-def generate_many(
-    target,
-    prompts: Sequence[torch.Tensor | Sequence[int]],
-    *,
-    drafter: Proposer | None = None,
-    max_new_tokens: int,
-    temperature: float = 0.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    min_p: float | None = 0.0,
-    seed: int | None = None,
-    eos_token_id: int | Sequence[int] | None = None,
-    plan: Plan | None = None,
-) -> list[GenerationResult]:
-    """engine.generate over several prompts decoded together (continuous batching on one
-    process): the results in the prompts' order, each the same as that prompt generated alone
-    (greedy: the same tokens, bit for bit on the native runtime; sampling: the same
-    distribution, prompt i drawing from seed + i)."""
-    sampling = SamplingConfig(temperature, top_k, top_p, min_p)
-    batch = Batch(runtime_of(target), drafter, plan)
-    started = [batch.add(prompt, Options(max_new_tokens, sampling, None if seed is None else seed + i,
-                                         eos_token_id)) for i, prompt in enumerate(prompts)]
-    while batch.running:
-        for _, error in batch.step():
-            if error is not None:
-                for d in list(batch.running):
-                    batch.remove(d)
-                raise error
+def decode_together(target: Runtime, prompts: Sequence[torch.Tensor | Sequence[int]], drafter: Proposer | None,
+                   options: Options, plan: Plan | None = None) -> list[GenerationResult]:
+    """engine.generate over several prompts decoded together: the results in the prompts' order,
+    each the same as that prompt generated alone (greedy: the same tokens, bit for bit on the
+    native runtime; sampling: the same distribution, prompt i drawing from seed + i)."""
+    if options.on_commit or options.on_target_logits:
+        raise SpecdecError("on_commit and on_target_logits take one prompt: generate the prompts one by one, "
+                           "or run a decode.batch.Batch with options per sequence")
+    batch = Batch(target, drafter, plan)
+    started = []
+    try:
+        for i, prompt in enumerate(prompts):
+            seed = None if options.seed is None else options.seed + i
+            started.append(batch.add(prompt, replace(options, seed=seed)))
+        while batch.running:
+            for _, error in batch.step():
+                if error is not None:
+                    raise error
+    finally:
+        for d in list(batch.running):
+            batch.remove(d)
     return [d.result() for d in started]
 
 

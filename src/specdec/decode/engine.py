@@ -23,6 +23,8 @@ from .sequence import (
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
+    from .batch import Plan
+
 __all__ = ["CommitCallback", "GenerationInterrupted", "GenerationResult", "LogitsCallback", "generate"]
 
 
@@ -50,9 +52,16 @@ def generate(
     on_target_logits: LogitsCallback | None = None,
     check: bool = False,
     reuse_prefix: bool = False,
-) -> GenerationResult:
+    plan: Plan | None = None,
+) -> GenerationResult | list[GenerationResult]:
     """Generate up to `max_new_tokens` tokens from `target`, speculatively when `drafter` is
     given; the output is the target's own (greedy: same tokens; sampling: same distribution).
+
+    `input_ids` is one prompt (token ids, or a tensor, flattened), or a list of prompts, which
+    are decoded together (continuous batching, decode.batch: on the native runtime their rows
+    share each forward) and give a list of results in their order, each as that prompt alone
+    would give it (prompt i sampled from seed + i); `plan` then picks each round's guesses
+    per prompt (decode.plan.measured_plan: by the cost model; None: the proposer's k).
 
     Sampling (temperature > 0) keeps, of the logits divided by the temperature, the top_k
     largest, then the nucleus of mass top_p, then the tokens with p >= min_p * max p (0 or None: off),
@@ -64,7 +73,12 @@ def generate(
     """
     options = Options(max_new_tokens, SamplingConfig(temperature, top_k, top_p, min_p), seed, eos_token_id,
                       on_commit, on_target_logits, check, reuse_prefix)
-    d = Decoding(runtime_of(target), input_ids, drafter, options)
+    lm = runtime_of(target)
+    if _several(input_ids):
+        from .batch import decode_together
+
+        return decode_together(lm, input_ids, drafter, options, plan)
+    d = Decoding(lm, input_ids, drafter, options)
     d.start()
     try:
         while not d.finished:
@@ -77,3 +91,8 @@ def generate(
     except KeyboardInterrupt as interrupt:
         raise GenerationInterrupted(d.result("interrupted")) from interrupt
     return d.result()
+
+
+def _several(input_ids) -> bool:
+    """Whether `input_ids` is a list of prompts (rather than one prompt's ids)."""
+    return isinstance(input_ids, (list, tuple)) and bool(input_ids) and not isinstance(input_ids[0], int)
