@@ -21,9 +21,9 @@ import sys
 import time
 from pathlib import Path
 
+from specdec import generate
 from specdec.cli import build_parser
 from specdec.cli.args import load_proposer, method_of, resolve_target_form
-from specdec import generate
 from specdec.decode.plan import measured_plan
 from specdec.prompts.chat import encode_prompt
 
@@ -52,8 +52,8 @@ def main() -> None:
     every = prompts(tokenizer, max(clients))
     alone = {i: generate(target, p, max_new_tokens=a.tokens, eos_token_id=[]).new_tokens
              for i, p in enumerate(every)}
-    variants = {"plain": dict(drafter=None), "planned": dict(drafter=drafter, plan=plan),
-                "fixed-k": dict(drafter=drafter)}
+    variants = {"plain": {"drafter": None}, "planned": {"drafter": drafter, "plan": plan},
+                "fixed-k": {"drafter": drafter}}
     results: dict = {"method": runs.label, "tokens": a.tokens, "cpu": cpu(), "threads": os.cpu_count(),
                      "costs_ms": {"verify": {n: 1e3 * plan.verify(n) for n in (1, 2, 4, 8, 16, 32)},
                                   "draft": {n: 1e3 * plan.draft(n) for n in (1, 2, 4, 8)} if plan.draft else None},
@@ -85,7 +85,7 @@ def main() -> None:
 
 
 def cpu() -> str:
-    info = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+    info = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
     return "; ".join(line.split(":", 1)[1].strip() for line in info.splitlines()
                      if line.startswith(("Model name", "Flags")))[:2000]
 
