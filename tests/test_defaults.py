@@ -221,8 +221,9 @@ def test_configs_record_the_runtime_the_target_runs_on(tmp_path):
 
 
 def test_the_default_restricts_the_draft_head_only_where_the_vocabulary_is_larger(monkeypatch, tmp_path):
-    """Before any advice: on a kernel CPU the hybrid over the int4 draft with a 32768-id head for
-    a draft of more ids (Qwen's 151936), the full head for fewer or an unknown vocabulary;
+    """Before any advice, where the draft does not run int3 (no `runs` given): on a kernel CPU
+    the hybrid over the int4 draft with a 32768-id head for a draft of more ids (Qwen's 151936),
+    the full head for fewer or an unknown vocabulary;
     draft_vocabulary reads a folder's config and fetches nothing for other names."""
     from transformers import Qwen2Config
 
@@ -240,3 +241,44 @@ def test_the_default_restricts_the_draft_head_only_where_the_vocabulary_is_large
     parse_args = lambda draft: build_parser().parse_args(["generate", "--prompt", "x", "--draft", draft])
     assert draft_vocabulary(parse_args(str(tmp_path))) == 1000
     assert draft_vocabulary(parse_args("none")) is None and draft_vocabulary(parse_args("no/such-model")) is None
+
+
+@pytest.mark.parametrize("flags, kind, default", [
+    ({"avx512_vnni", "avx512_bf16", "amx_tile"}, "cpu-amx", "draft:k=5:quant=int3:vocab=32768:conf=0.6"),  # AMX Xeon
+    ({"avx512_vnni", "avx512_bf16"}, "cpu-bf16", "draft:k=4:quant=int3:vocab=32768:conf=0.6"),  # Zen 5
+    ({"avx512_vnni"}, "cpu-kernels", "draft:k=3:quant=int3:vocab=32768:conf=0.6")])  # Ice Lake Xeon
+def test_the_default_is_what_advise_chose_on_each_kind_of_cpu(monkeypatch, flags, kind, default):
+    """Before advice, a kernel CPU runs advise's choice on the machine of its kind (issue 35):
+    the int3 draft, where the draft runs on the native runtime; else the int4 hybrid."""
+    from specdec import machine
+    from specdec.tune.saved import NOT_NATIVE_DEFAULT, default_choice, device_kind
+
+    monkeypatch.setattr(target_form, "kernel_path", lambda d: "avx512-vnni")
+    monkeypatch.setattr(machine, "cpu_flags", lambda: flags)
+    assert device_kind("cpu") == kind
+    assert default_choice("cpu", 151936, lambda quant: True).label == parse(default).label
+    # a draft not on the native runtime (--runtime hf, a folder) cannot run int3: the int4 hybrid
+    assert default_choice("cpu", 151936, lambda quant: quant != "int3").label == parse(NOT_NATIVE_DEFAULT).label
+    assert default_choice("cpu", 151936).label == parse(NOT_NATIVE_DEFAULT).label  # unknown: every runtime's forms
+    assert default_choice("cpu", 32000, lambda quant: True).vocab is None  # no larger head to restrict
+
+
+@pytest.mark.parametrize("path, kind, default", [("portable", "cpu", "draft:k=2:quant=int8"), (None, "other", "draft:k=2")])
+def test_the_default_without_the_kernels_vector_path(monkeypatch, path, kind, default):
+    from specdec.tune.saved import default_choice, device_kind
+
+    monkeypatch.setattr(target_form, "kernel_path", lambda d: path)
+    device = "cpu" if path else "cuda"
+    assert device_kind(device) == kind and default_choice(device, 151936, lambda quant: True).label == default
+
+
+@pytest.mark.parametrize("extra, runs", [((), True), (("--runtime", "hf"), False), (("--draft", "/some/folder"), False),
+                                         (("--runtime", "native", "--draft", "/some/folder"), False),
+                                         (("--device", "cuda"), False)])
+def test_auto_asks_whether_the_draft_runs_int3(extra, runs):
+    """The int3 default only where --draft runs on the native runtime; no model is read for it."""
+    from specdec.cli import build_parser
+    from specdec.cli.args import draft_runs
+
+    args = build_parser().parse_args(["generate", "--prompt", "x", *extra])
+    assert draft_runs(args, "int3") is runs and draft_runs(args, "int4") and draft_runs(args, None)

@@ -62,4 +62,4 @@ def test_the_default_says_once_what_advise_may_gain(monkeypatch, tmp_path):
 
     monkeypatch.setattr(saved, "advice_dir", lambda: tmp_path / "advice")
     first, second = saved._advise_hint_once(), saved._advise_hint_once()
-    assert "7-13 minutes" in first and "1.1x" in first and second == ""
+    assert "5-13 minutes" in first and "within 1%" in first and second == ""

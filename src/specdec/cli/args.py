@@ -204,11 +204,27 @@ def resolve(args: argparse.Namespace, method: Method) -> tuple[Method, str | Non
 
     if method.kind != "auto":
         return method, None
-    chosen, why = choose(setup_of(args, method.vocab), lambda: draft_vocabulary(args))
+    chosen, why = choose(setup_of(args, method.vocab), lambda: draft_vocabulary(args),
+                         lambda quant: draft_runs(args, quant))
     resolved, dropped = resolve_auto(method, chosen)
     shown = "plain decoding" if resolved.kind == "ar" else resolved.label
     unused = f"; {', '.join(dropped)} not applied" if dropped and resolved.kind != "ar" else ""
     return resolved, f"{shown} ({why}){unused}"
+
+
+def draft_runs(args: argparse.Namespace, quant: str | None) -> bool:
+    """Whether --draft runs in the weight form `quant` where --runtime puts it (int3: only on
+    specdec's native runtime)."""
+    from ..errors import SpecdecError
+    from ..quant import NATIVE_ONLY
+    from ..runtime.choose import use_native
+
+    if quant not in NATIVE_ONLY:
+        return True
+    try:
+        return use_native(args.runtime, args.draft, quant, args.device)
+    except SpecdecError:  # --runtime native and a draft it cannot run: the draft's loader says so later
+        return False
 
 
 def draft_vocabulary(args: argparse.Namespace) -> int | None:

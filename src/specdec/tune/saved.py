@@ -18,17 +18,24 @@ from ..files import cache_root
 from ..methods.spec import Method, parse
 from .advice import Advice, Choice, old_choice
 
-# Without advice, the fastest setting measured per kind of device. A CPU where specdec's kernels
-# have a vector path (avx512-vnni, avx2): the int4 draft in a hybrid at k=3 over the int4 target,
-# 1.77x the int4 target's plain decoding and 1.51x llama.cpp's on HumanEval/0-19 (2-core AMD
-# EPYC Zen 5, README "The fastest lossless CPU recipe", docs/quant.md). A CPU with the portable
-# kernels only: the int8 draft with k=2 (docs/bench/README.md, a CPU without native bf16). Elsewhere
-# the plain draft (int8 and int4 kernels are CPU-only). The draft's head restricted to 32768 ids
-# where the vocabulary is larger (default_choice): on a 2-core Xeon that hybrid was advise's
-# choice and 2.15x/1.83x llama.cpp pooled on code/chat against the full head's 1.70x/1.75x; on
-# the Zen 5 the restricted-head draft beat the full-head hybrid on code (docs/generate.md).
-DEFAULT_CHOICE = {"cpu-kernels": "hybrid:k=3:quant=int4:vocab=32768", "cpu": "draft:k=2:quant=int8",
-                  "other": "draft:k=2"}
+# Without advice, what advise chose on each kind of device measured (docs/results.md, "What
+# `specdec generate` runs with no options"). A CPU where specdec's kernels have a vector path
+# (avx512-vnni, avx2) runs the int3 draft with its head restricted to 32768 ids and a confidence
+# floor of 0.6, at the k advise chose there: k=5 on the AMX Xeon (advise's choice with conf=0.6
+# for its pay=1, which needs a saved rule; 1.46x/1.24x the former default on 8 held-out code/chat
+# prompts, 2.97x/2.10x llama.cpp), k=4 on the Zen 5 (AVX-512 BF16, no AMX; advise's choice, issue
+# 35), k=3 on the Ice Lake Xeon (AVX-512 VNNI without BF16; advise's choice, 2.93x llama.cpp).
+# The kinds are told apart by those CPU flags; other CPUs of a kind were not measured. A CPU with
+# the portable kernels only: the int8 draft with k=2 (docs/bench/README.md). Elsewhere the plain
+# draft (int8, int4 and int3 kernels are CPU-only).
+DEFAULT_CHOICE = {"cpu-amx": "draft:k=5:quant=int3:vocab=32768:conf=0.6",
+                  "cpu-bf16": "draft:k=4:quant=int3:vocab=32768:conf=0.6",
+                  "cpu-kernels": "draft:k=3:quant=int3:vocab=32768:conf=0.6",
+                  "cpu": "draft:k=2:quant=int8", "other": "draft:k=2"}
+# Where the draft would not run on specdec's native runtime, which alone runs int3 (--runtime hf,
+# a Hugging Face folder): the int4 hybrid, the default before the int3 draft (1.89x/1.70x
+# llama.cpp on the AMX Xeon's held-out code/chat prompts, 2.00x/1.84x in the run above).
+NOT_NATIVE_DEFAULT = "hybrid:k=3:quant=int4:vocab=32768"
 
 
 @dataclass(frozen=True)
@@ -81,27 +88,41 @@ def save_advice(setup: Setup, advice: Advice) -> Path:
 
 
 def device_kind(device: str) -> str:
-    """DEFAULT_CHOICE's key: a CPU with a vector path of specdec's kernels, another CPU, or not a CPU."""
+    """DEFAULT_CHOICE's key: a CPU with a vector path of specdec's kernels (by AMX, else AVX-512
+    BF16, else neither), another CPU, or not a CPU."""
+    from ..machine import cpu_flags
     from ..models.target_form import FAST_PATHS, kernel_path
 
     if not str(device).startswith("cpu"):
         return "other"
-    return "cpu-kernels" if kernel_path(device) in FAST_PATHS else "cpu"
+    if kernel_path(device) not in FAST_PATHS:
+        return "cpu"
+    flags = cpu_flags()
+    return "cpu-amx" if "amx_tile" in flags else "cpu-bf16" if "avx512_bf16" in flags else "cpu-kernels"
 
 
-def default_choice(device: str, vocabulary: int | None) -> Method:
-    """The device's measured default; its restricted head only where the draft's vocabulary
+def default_choice(device: str, vocabulary: int | None, runs: Callable[[str | None], bool] | None = None) -> Method:
+    """The device's measured default; the int4 hybrid instead where its draft form does not run
+    (`runs(quant)` False: int3 where the draft is not on the native runtime; without `runs`,
+    only the forms every runtime runs); its restricted head only where the draft's vocabulary
     (None: unknown) has more ids than the head keeps."""
+    from ..quant import NATIVE_ONLY
+
+    runs = runs or (lambda quant: quant not in NATIVE_ONLY)
     method = parse(DEFAULT_CHOICE[device_kind(device)])
+    if not runs(method.quant):
+        method = parse(NOT_NATIVE_DEFAULT)
     if method.vocab and (vocabulary is None or vocabulary <= method.vocab):
         return replace(method, vocab=None)
     return method
 
 
 # What advise gained over the device default where both ran on the same held-out prompts, and
-# how long advise took on 2 cores (docs/results.md: the AMX Xeon's 8 chat prompts, 1.88x against
-# 1.70x llama.cpp; advise 7 min 5 s to 12 min 27 s on the machines measured).
-ADVISE_HINT = "; where measured it ran up to 1.1x faster than this default, and takes 7-13 minutes on 2 cores"
+# how long advise took on 2 cores (docs/results.md: on the AMX Xeon advise's pay=1 choice against
+# this default, 1.00x median on 8 code and on 8 chat prompts; on the Zen 5 and the Ice Lake the
+# default is advise's choice; advise 5 min 7 s to 12 min 27 s on the machines measured).
+ADVISE_HINT = ("; on the CPUs measured its choice ran within 1% of this default, on another CPU it may "
+               "differ; it takes 5-13 minutes on 2 cores")
 
 
 def _advise_hint_once() -> str:
@@ -118,13 +139,15 @@ def _advise_hint_once() -> str:
     return ADVISE_HINT
 
 
-def choose(setup: Setup, vocabulary: Callable[[], int | None] = lambda: None) -> tuple[Method, str]:
+def choose(setup: Setup, vocabulary: Callable[[], int | None] = lambda: None,
+           runs: Callable[[str | None], bool] | None = None) -> tuple[Method, str]:
     """The method the saved advice for `setup` recommends, else the device's default (for a
-    draft of `vocabulary()` ids, asked only then: it may read the draft's config); and why."""
+    draft of `vocabulary()` ids, asked only then: it may read the draft's config; `runs` as in
+    default_choice); and why."""
     path = advice_path(setup)
     if not path.is_file():
         kind = device_kind(setup.device)
-        return default_choice(setup.device, vocabulary()), (f"no advice measured for this setup yet, so the measured default of a "
+        return default_choice(setup.device, vocabulary(), runs), (f"no advice measured for this setup yet, so the measured default of a "
                                              f"{kind} device; `specdec advise` (same --target/--draft/--dtype) "
                                              f"measures it here{_advise_hint_once()}")
     try:
