@@ -11,7 +11,8 @@ output decoded alone, and sampling keeps each sequence's own generator and distr
 transformers' runtime runs its lanes one forward each.
 
 How many tokens each sequence guesses in a round is the planner's choice (decode.plan: the cost
-model over the rows the whole batch would verify); without one, each its proposer's k.
+model over the rows the whole batch would verify) when several run; a sequence alone, and every
+sequence without a planner, guesses as its proposer says.
 """
 
 from __future__ import annotations
@@ -78,7 +79,10 @@ class Batch:
         each with the error that ended it (None: it finished)."""
         running = self.running
         most = [d.guesses() for d in running]
-        ks = self.plan(running, most) if self.plan is not None and any(most) else most
+        # One sequence alone guesses as its proposer says (the method asked for, or advised for
+        # this machine); the plan arbitrates between sequences that share the rows.
+        planned = self.plan is not None and len(running) > 1 and any(most)
+        ks = self.plan(running, most) if planned else most
         proposals = self._propose(ks)
         _lap(running, "propose")
         rows = self._score(proposals)
