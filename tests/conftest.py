@@ -109,3 +109,13 @@ def private_advice(monkeypatch, tmp_path_factory):
     folder = tmp_path_factory.mktemp("advice")
     monkeypatch.setattr(saved, "advice_dir", lambda: folder)
 
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """torch on one thread for a module: tiny models decode fastest so (two threads contend with
+    the other test worker's processes)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

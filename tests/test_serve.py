@@ -105,12 +105,8 @@ def stop(running: Running) -> None:
 
 
 @pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """The tiny models decode fastest on one thread (two contend with the other tests' processes)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+def _one_thread(one_thread):
+    """The tiny models' servers on one thread (conftest.one_thread)."""
 
 
 @pytest.fixture(scope="module")

@@ -72,11 +72,8 @@ def exact(folders) -> dict:
 
 
 @pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+def _one_thread(one_thread):
+    """The tiny models' servers on one thread (conftest.one_thread)."""
 
 
 def served_samples(folders, method: str, n: int = N) -> tuple[list[tuple[int, ...]], dict]:

@@ -46,11 +46,8 @@ BAD = [  # (body or raw bytes, status, reason counted in requests_rejected)
 
 
 @pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+def _one_thread(one_thread):
+    """The tiny models' servers on one thread (conftest.one_thread)."""
 
 
 def plain_greedy(folder: str, prompts: list[str], tokens: int) -> dict[str, tuple[list[int], object]]:
