@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
-# Issue 34's comparison side: llama-server (scripts/setup_llama_server.sh's build) plain and
-# speculative (the 0.5B draft, 3 tokens a round) at 1/2/4/8 clients, each level with its own
-# servers started with `-np N` = N slots, 2 threads; the default Q4_K_M GGUF pair, 128 greedy
-# tokens, prompts sent as chat (/v1/chat/completions, each server's own template) through the
-# official openai client. One flock'd serving_bench run per level (a few minutes each), into
-# $OUT/$SET/bench-cN, the servers' logs beside them (server-llama-*-npN.log) and the machine's
-# load every 10 s while it ran (load-cN.log: whoever else ran, and how hard).
+# Issues 33/34: servers side by side at 1/2/4/8 clients, each level one paired `specdec bench` over
+# every server (scripts/serving_bench.py), the servers started afresh per level: llama-server
+# (scripts/setup_llama_server.sh's build) plain and speculative (the 0.5B draft, 3 tokens a round,
+# `-np N` = N slots, 2 threads) and `specdec serve` plain (--proposer ar) and speculative (--proposer
+# auto, continuous batching with the cost model's k per sequence); the default Q4_K_M GGUF pair,
+# 128 greedy tokens, prompts sent as chat (/v1/chat/completions, each server's own template) through
+# the official openai client. Into $OUT/$SET/bench-cN, the servers' logs beside them
+# (server-NAME-npN.log) and the machine's load every 10 s while it ran (load-cN.log: whoever else
+# ran, and how hard).
 #
-#   bash scripts/measure/llama_server_concurrency.sh                       # HumanEval/0-7
-#   SET=spec-bench bash scripts/measure/llama_server_concurrency.sh        # 8 Spec-Bench first turns
-#   LEVELS="4 8" QUIET=1 bash scripts/measure/llama_server_concurrency.sh  # some levels; wait for idle CPUs
+#   bash scripts/measure/serving_concurrency.sh                       # HumanEval/0-7
+#   SET=spec-bench bash scripts/measure/serving_concurrency.sh        # 8 Spec-Bench first turns
+#   LEVELS="4 8" QUIET=1 bash scripts/measure/serving_concurrency.sh  # some levels; wait for idle CPUs
+#   ENGINES="--engine llamacpp" OUT=... bash scripts/measure/serving_concurrency.sh  # llama-server alone
 #
 # QUIET=1: inside the lock, wait (up to 20 min) until the CPUs are below 10% busy for two 5-s
 # samples before each level: tests that others run without the lock slow llama.cpp's spinning
@@ -17,7 +20,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 SET=${SET:-humaneval}
-OUT=${OUT:-docs/serving/llama-server-concurrency-amx}
+OUT=${OUT:?set OUT, e.g. OUT=docs/serving/concurrency-zen4}
+export ENGINES=${ENGINES:-"--engine llamacpp --engine specdec"}
 LEVELS=${LEVELS:-"1 2 4 8"}
 case "$SET" in
   humaneval) SELECT=(--dataset humaneval --limit 8) ;;
@@ -50,7 +54,7 @@ for n in $LEVELS; do
     (while sleep 10; do echo "$(date +%T) load $(cut -d" " -f1-3 /proc/loadavg) | $(ps -eo pcpu,args --sort=-pcpu | sed -n 2,4p | cut -c1-70 | tr "\n" "|")"; done) > "$dir/load-c$n.log" &
     watcher=$!
     trap "kill $watcher" EXIT
-    .venv/bin/python scripts/serving_bench.py --model qwen2.5-coder-1.5b-instruct --draft qwen2.5-coder-0.5b-instruct \
+    .venv/bin/python scripts/serving_bench.py $ENGINES --model qwen2.5-coder-1.5b-instruct --draft qwen2.5-coder-0.5b-instruct \
       --spec-args "--spec-draft-n-max 3 --spec-draft-n-min 0 --spec-draft-p-min 0" --threads 2 \
       --concurrency "$n" --api chat --out "$dir" \
       -- "$@" --max-new-tokens 128 --target qwen2.5-coder-1.5b-instruct --client openai --no-progress
