@@ -110,6 +110,34 @@ def test_a_batch_decodes_each_prompt_as_it_decodes_alone(models, method):
     assert [r.finish_reason for r in ended] == [r.finish_reason for r in first]
 
 
+@pytest.mark.parametrize("method", ["draft", "conf", "hybrid", "tree"])
+def test_under_a_plan_the_draft_reads_the_prompt_only_when_its_sequence_first_guesses(models, method):
+    """A batch with a plan prefills the draft with the prompt's first token only: a plan that
+    keeps every sequence plain never runs the draft past that; one that turns guessing on after
+    some plain rounds feeds the draft everything it missed in its first guessing round. Outputs
+    equal each prompt alone either way."""
+    target, draft = models
+    drafter = _proposers(draft)[method]
+    prompts = [torch.cat([sequence(n, seed=n), sequence(6, seed=1)]) for n in (3, 17, 9)]
+    want = [generate(target, p, drafter=drafter, max_new_tokens=20, eos_token_id=[]).new_tokens for p in prompts]
+    rounds = []
+
+    def plain_then_guess(running, most):
+        rounds.append(1)
+        return [0] * len(running) if len(rounds) <= 5 else list(most)
+
+    for plan, guessed in ((lambda running, most: [0] * len(running), False), (plain_then_guess, True)):
+        batch = Batch(target, drafter, plan)
+        started = [batch.add(p, Options(20, eos_token_id=[])) for p in prompts]
+        assert all(d.draft_lm.length == 1 for d in started)  # the prompt's first token alone
+        while batch.running:
+            assert all(error is None for _, error in batch.step())
+        results = [d.result() for d in started]
+        assert [r.new_tokens for r in results] == want
+        assert all((r.stats.draft_calls > 1) == guessed for r in results)
+        assert all((r.stats.rounds < 19) == guessed for r in results)
+
+
 def test_sequences_join_and_leave_between_rounds(models):
     """A batch that runs while sequences are added mid-way and one is removed: each finished
     output equals its prompt alone; a removed sequence frees its slots."""

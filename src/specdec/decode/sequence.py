@@ -101,13 +101,16 @@ class Decoding:
     def finished(self) -> bool:
         return self.ended or self.new >= self.options.max_new_tokens
 
-    def start(self) -> None:
-        """Prefill both models and commit the target's first token."""
+    def start(self, prefill_draft: bool = True) -> None:
+        """Prefill the target (and the draft) and commit the target's first token.
+        `prefill_draft` False: the draft sees only the prompt's first token now and the rest with
+        its first guesses (every drafting feeds what the draft has not seen), so a sequence that
+        a batch's plan keeps plain never pays the draft's prefill."""
         reuse = self.options.reuse_prefix
         last = self.lm.prefill(self.prompt, reuse=reuse)[-1:]
         first = pick(last[0], self.cfg, self.generator)
         if self.drafter is not None:
-            self.drafter.begin(self.prompt, self.lm.vocab_size, reuse=reuse)
+            self.drafter.begin(self.prompt if prefill_draft else self.prompt[:1], self.lm.vocab_size, reuse=reuse)
         self.clock.lap("prefill")
         zero = torch.zeros((), dtype=torch.long, device=self.lm.device)
         self._commit(self.seq[:0], zero, first, zero.view(1), last)
