@@ -225,6 +225,27 @@ def test_the_plan_guesses_where_rows_are_cheap_and_acceptance_high():
     assert middle.rate(ks, alphas) >= 0.98 * best
 
 
+def test_the_plan_spreads_a_lagging_drafts_catch_up_over_the_rounds_left():
+    """A sequence whose draft has read only its prompt's first token: with 300 tokens to its
+    catch-up block (costing 0.15 s) and few tokens left the plan keeps it plain; with many left,
+    the same sequence guesses; a draft one token behind (the usual) pays nothing extra."""
+    from types import SimpleNamespace
+
+    from specdec.decode.plan import Planner, curve
+    from specdec.decode.stats import GenerationStats
+
+    def seq(draft_length: int, left: int):
+        stats = GenerationStats()
+        stats.position_judged, stats.position_accepted = [100], [90]
+        return SimpleNamespace(stats=stats, length=301, new=128 - left, draft_lm=SimpleNamespace(length=draft_length),
+                               options=SimpleNamespace(max_new_tokens=128))
+
+    plan = Planner(curve({1: 0.024, 4: 0.026}), curve({1: 0.004, 8: 0.006}), curve({1: 0.004, 300: 0.15}))
+    assert plan([seq(1, 4), seq(299, 100)], [4, 4])[0] == 0
+    assert plan([seq(1, 100), seq(299, 100)], [4, 4])[0] > 0
+    assert plan([seq(299, 4), seq(299, 100)], [4, 4])[0] > 0
+
+
 def test_several_prompts_refuse_per_prompt_hooks(models):
     target, _ = models
     with pytest.raises(SpecdecError, match="on_commit and on_target_logits take one prompt"):

@@ -7,7 +7,9 @@ j tokens (C_D(rows)). Sequence s commits E_s(k) = 1 + a_s + ... + a_s^k tokens i
 with a_s its own acceptance per judged guess so far (a prior until its rounds say more). The plan
 raises one sequence's k at a time, by whatever step gives the best rate of the batch, while that
 rate grows; so plain rows (k = 0) where guessing does not pay for the rows it adds, guesses
-where it does. The costs are measured on the models at hand (measured_plan: a second or two at
+where it does. A sequence whose draft has fallen behind (plain rounds, or only the prompt's first
+token read: decode.batch) first pays the draft's catch-up block, a one-time cost the plan spreads
+over the rounds the sequence has left. The costs are measured on the models at hand (measured_plan: a second or two at
 a server's start), never assumed.
 
 The plan depends only on earlier rounds and on measured costs, never on the target's
@@ -16,7 +18,6 @@ distribution of the round it plans, so sampling stays exact (as adaptive k's pol
 
 from __future__ import annotations
 
-import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -54,13 +55,15 @@ class Planner:
 
     verify: Callable[[int], float]
     draft: Callable[[int], float] | None
+    catch_up: Callable[[int], float] | None = None  # the draft over a block of n rows of one sequence
 
     def __call__(self, running: Sequence[Decoding], most: Sequence[int]) -> list[int]:
         alphas = [acceptance(d) for d in running]
+        behind = [self._behind(d) for d in running]
         ks = [0] * len(running)
-        best = self.rate(ks, alphas)
+        best = self.rate(ks, alphas, behind)
         while True:
-            tries = [(self.rate(ks[:i] + [k] + ks[i + 1 :], alphas), i, k)
+            tries = [(self.rate(ks[:i] + [k] + ks[i + 1 :], alphas, behind), i, k)
                      for i in range(len(ks)) for k in range(ks[i] + 1, most[i] + 1)]
             if not tries:
                 return ks
@@ -69,13 +72,23 @@ class Planner:
                 return ks
             ks[i], best = k, rate
 
-    def rate(self, ks: Sequence[int], alphas: Sequence[float]) -> float:
-        """Expected tokens per second of a round in which sequence s guesses ks[s]."""
-        tokens = sum(sum(a**j for j in range(k + 1)) for k, a in zip(ks, alphas))
+    def rate(self, ks: Sequence[int], alphas: Sequence[float], behind: Sequence[float] | None = None) -> float:
+        """Expected tokens per second of a round in which sequence s guesses ks[s]; behind[s]:
+        the seconds of its draft's catch-up per token it has left (0: none to pay)."""
+        gains = [sum(a**j for j in range(k + 1)) for k, a in zip(ks, alphas)]
         seconds = self.verify(sum(k + 1 for k in ks))
         if self.draft is not None:
             seconds += sum(self.draft(sum(1 for k in ks if k >= j)) for j in range(1, max(ks) + 1))
-        return tokens / seconds
+            # the catch-up spread over the sequence's rounds left (its tokens left / gain a round)
+            seconds += sum(b * g for k, b, g in zip(ks, behind or [0.0] * len(ks), gains) if k)
+        return sum(gains) / seconds
+
+    def _behind(self, d: Decoding) -> float:
+        lag = _lag(d)
+        if lag <= 1 or self.catch_up is None:  # one token behind is a draft step's usual first row
+            return 0.0
+        left = max(1, d.options.max_new_tokens - d.new)
+        return self.catch_up(lag) / left
 
 
 def acceptance(d: Decoding) -> float:
@@ -84,19 +97,29 @@ def acceptance(d: Decoding) -> float:
     return (sum(s.position_accepted) + PRIOR * PRIOR_WEIGHT) / (sum(s.position_judged) + PRIOR_WEIGHT)
 
 
+def _lag(d) -> int:
+    """Committed tokens, but the pending one, that the sequence's draft has not read."""
+    draft = getattr(d, "draft_lm", None)
+    return 0 if draft is None else d.length - 1 - draft.length
+
+
 def measured_plan(target, drafter) -> Planner:
     """A Planner from forwards timed here: the target over ROWS rows and the draft (if the
-    proposer has one) over DRAFT_ROWS, after CONTEXT positions, the median of 3 each."""
+    proposer has one) over DRAFT_ROWS lanes and over a block of ROWS rows (its catch-up), after
+    CONTEXT positions, the least of 5 each (interference only adds time; a median of 3 read
+    1 row at 38 ms and then 26 ms on one quiet Zen 4)."""
     draft_lm = getattr(drafter, "draft_lm", None)
-    return Planner(curve(_timed(target, ROWS, last_only=False)),
-                   None if draft_lm is None else curve(_timed(draft_lm, DRAFT_ROWS, last_only=True)))
+    if draft_lm is None:
+        return Planner(curve(_timed(target, ROWS, last_only=False)), None)
+    return Planner(curve(_timed(target, ROWS, last_only=False)), curve(_timed(draft_lm, DRAFT_ROWS, last_only=True)),
+                   curve(_timed(draft_lm, ROWS, last_only=False)))
 
 
 @torch.inference_mode()
 def _timed(lm, rows: Sequence[int], last_only: bool) -> dict[int, float]:
-    """Median seconds of a forward over n rows: n lanes of one row each for a draft (a draft
-    step carries one row per sequence), one block of n rows for the target (a batch's blocks
-    cost what one block of their rows costs: the weights are read once per forward)."""
+    """Seconds of a forward over n rows (the least of 5): n lanes of one row each with
+    `last_only` (a draft step carries one row per sequence), else one block of n rows (a
+    batch's blocks cost what one block of their rows costs: the weights are read once)."""
     from .batch import forward_blocks
 
     lanes = [lm.lane(CONTEXT + 64) for _ in range(max(rows) if last_only else 1)]
@@ -110,13 +133,13 @@ def _timed(lm, rows: Sequence[int], last_only: bool) -> dict[int, float]:
         blocks = ([(lane, context[:1], True) for lane in lanes[:n]] if last_only
                   else [(lanes[0], context[:n], False)])
         seconds = []
-        for _ in range(3):
+        for _ in range(5):
             start = time.perf_counter()
             forward_blocks(blocks)
             seconds.append(time.perf_counter() - start)
             for lane, _, _ in blocks:
                 lane.trim(CONTEXT)
-        out[n] = statistics.median(seconds)
+        out[n] = min(seconds)
     for lane in lanes:
         lane.release()
     return out
