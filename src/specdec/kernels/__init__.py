@@ -65,7 +65,8 @@ def library_path(march: str = "native", source: Path | None = None) -> Path:
         return path
     with exclusive(folder, "build"):  # one build at a time (test workers, parallel runs)
         if not path.exists():
-            print("specdec: compiling the int8/int4 kernels for this CPU (seconds, once)", file=sys.stderr)
+            what = "the int8/int4 kernels" if source == SOURCE else "the native decoder"
+            print(f"specdec: compiling {what} for this CPU (seconds, once)", file=sys.stderr)
             tmp = path.with_suffix(f".tmp{os.getpid()}")
             env = {**os.environ, "PATH": os.environ.get("PATH") or os.defpath}  # the linker is found by PATH
             done = subprocess.run([compiler, *flags, str(source), "-o", str(tmp)], capture_output=True, text=True,
