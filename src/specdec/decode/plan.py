@@ -9,8 +9,8 @@ raises one sequence's k at a time, by whatever step gives the best rate of the b
 rate grows; so plain rows (k = 0) where guessing does not pay for the rows it adds, guesses
 where it does. A sequence whose draft has fallen behind (plain rounds, or only the prompt's first
 token read: decode.batch) first pays the draft's catch-up block, a one-time cost the plan spreads
-over the rounds the sequence has left. The costs are measured on the models at hand (measured_plan: a second or two at
-a server's start), never assumed.
+over the rounds the sequence has left. The costs are measured on the models at hand
+(measured_plan: a second or two at a server's start), never assumed.
 
 The plan depends only on earlier rounds and on measured costs, never on the target's
 distribution of the round it plans, so sampling stays exact (as adaptive k's policies).
@@ -108,10 +108,11 @@ def measured_plan(target, drafter) -> Planner:
     proposer has one) over DRAFT_ROWS lanes and over a block of ROWS rows (its catch-up), after
     CONTEXT positions, the least of 5 each (interference only adds time; a median of 3 read
     1 row at 38 ms and then 26 ms on one quiet Zen 4)."""
+    verify = curve(_timed(target, ROWS, last_only=False))
     draft_lm = getattr(drafter, "draft_lm", None)
     if draft_lm is None:
-        return Planner(curve(_timed(target, ROWS, last_only=False)), None)
-    return Planner(curve(_timed(target, ROWS, last_only=False)), curve(_timed(draft_lm, DRAFT_ROWS, last_only=True)),
+        return Planner(verify, None)
+    return Planner(verify, curve(_timed(draft_lm, DRAFT_ROWS, last_only=True)),
                    curve(_timed(draft_lm, ROWS, last_only=False)))
 
 
