@@ -10,12 +10,16 @@
 # run uses models of the registry shapes with random weights (specdec.models.load.random_model): a
 # forward's arithmetic, and so its block invariance, does not depend on the values; acceptance
 # does, so only equality and costs are read from it.
+#
+# The device image has torch and transformers but not gguf, which specdec imports: carry its wheel
+# (`pip download --no-deps gguf==<version> -d .whl`, `.whl` in the run's carry) and install it into
+# /tmp/site first, as docs/cuda.md shows; /tmp/site is on the path below whether it exists or not.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-docs/cuda}
 mkdir -p "$out"
 log="$out/cuda_check.log"
-export PYTHONPATH=src PYTHONUNBUFFERED=1
+export PYTHONPATH=src:/tmp/site PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
 {
   echo "# specdec cuda_check, $(date -u +%Y-%m-%dT%H:%MZ), commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
