@@ -42,6 +42,7 @@ class FakeServer:
         self.mode, self.fail_after, self.hang_s, self.vllm_metrics = mode, fail_after, hang_s, vllm_metrics
         self.takes_ids, self.takes_text = takes_ids, takes_text
         self.prompts: list = []  # each streamed completion's prompt, as received
+        self.bodies: list[dict] = []  # ... and its whole request body
         self.part_at = part_at
         self.completions = 0
         self.counters = {"drafts": 0, "draft_tokens": 0, "accepted": 0, "per_position": [0, 0, 0]}
@@ -125,6 +126,7 @@ def _handler(server: FakeServer):
             chat = self.path == "/v1/chat/completions"
             prompt = body["messages"][0]["content"] if chat else body["prompt"]
             server.prompts.append(prompt)
+            server.bodies.append(body)
             prompt = [ord(c) for c in prompt[:8]] if isinstance(prompt, str) else prompt
             ids = completion_ids(prompt, body["max_tokens"])
             if server.part_at is not None:

@@ -486,7 +486,7 @@ def test_bench_refuses_a_server_that_is_down_or_not_openai_before_any_row(tmp_pa
 
 
 @pytest.mark.parametrize("extra, message", [
-    (("--baseline", "x"), "not one of the endpoints"), (("--temperature", "0.7"), "measured greedy"),
+    (("--baseline", "x"), "not one of the endpoints"),
     (("--methods", "ar", "--concurrency", "2"), "--concurrency runs endpoints only"),
 ])
 def test_bench_endpoint_arguments_are_checked(tmp_path, tiny_tokenizer, prompts_file, capsys, extra, message):
@@ -564,6 +564,27 @@ def test_bench_through_the_official_openai_client_on_both_apis_at_concurrency_2(
     report = (tmp_path / "run" / "report.md").read_text()
     assert "## Under load: 2 requests at once" in report and "in all decode tok/s per wave" in report
     assert "TTFT s p99" in report
+
+
+@pytest.mark.parametrize("client", ["httpx", "openai"])
+def test_a_sampled_bench_sends_the_filters_and_a_seed_per_repeat(tmp_path, tiny_tokenizer, prompts_file, client):
+    """--temperature/--top-p/--min-p/--seed reach the server in the names vLLM, llama-server and
+    specdec serve share (top-level JSON, through the openai client too), a filter left off is
+    not sent, repeat r gets seed + r; a greedy run sends temperature 0, top_p 1 and no seed."""
+    with FakeServer() as sampled, FakeServer() as greedy:
+        assert bench(tmp_path / "s", f"s={sampled.url}", extra=(
+            "--client", client, "--temperature", "0.8", "--top-p", "0.95", "--min-p", "0.05", "--seed", "7",
+            "--repeats", "2")) == 0
+        assert bench(tmp_path / "g", f"g={greedy.url}", extra=("--client", client)) == 0
+    timed = sampled.bodies[1:]  # after the warm-up
+    assert len(timed) == 8
+    for body in timed:
+        assert (body["temperature"], body["top_p"], body["min_p"]) == (0.8, 0.95, 0.05) and "top_k" not in body
+    assert sorted(b["seed"] for b in timed) == [7] * 4 + [8] * 4
+    assert all(b["temperature"] == 0 and b["top_p"] == 1 and "seed" not in b and "min_p" not in b
+               for b in greedy.bodies)
+    config = json.loads((tmp_path / "s" / "config.json").read_text())
+    assert config["sampling"]["temperature"] == 0.8 and config["sampling"]["min_p"] == 0.05
 
 
 def test_the_official_client_gives_the_same_one_line_errors(tmp_path, tiny_tokenizer, prompts_file, capsys):

@@ -29,10 +29,11 @@ from pathlib import Path
 import httpx
 
 from ..conform.endpoints import DEFAULT_TOLERANCE, TOP_LOGPROBS, compare
+from ..decode.sampling import SamplingConfig
 from ..errors import SpecdecError
 from ..external.endpoints.metrics import SpecCounters, parse_counters
 from ..external.endpoints.spec import Endpoint, Served, get, probe
-from ..external.endpoints.stream import Request, Streamed, complete, complete_openai, openai_client
+from ..external.endpoints.stream import Request, Streamed, complete, complete_openai, openai_client, sampling_fields
 from ..files import write_json_atomic
 from ..methods.spec import Method, parse
 from .agreement import DIFFERENCES, read_differences, row_key
@@ -48,6 +49,8 @@ class EndpointSettings:
     timeout_s: float
     top_logprobs: int = 1  # enough for the ids; check asks for 2, for the gap
     client: str = "httpx"  # or "openai": the official client sends the requests and reads the streams
+    sampling: SamplingConfig = SamplingConfig()  # greedy by default
+    seed: int | None = None  # a sampled row's seed: this plus its repeat
 
 
 class EndpointExecutor:
@@ -95,14 +98,14 @@ class EndpointExecutor:
         self.complete(method, prompt_ids, min(WARMUP_TOKENS, self.settings.max_new_tokens))
 
     def run(self, method: Method, prompt_ids: list[int], repeat: int) -> Measured:
-        return self.run_wave(method, [prompt_ids])[0]
+        return self.run_wave(method, [prompt_ids], repeat)[0]
 
-    def run_wave(self, method: Method, prompts: list[list[int]]) -> list[Measured]:
+    def run_wave(self, method: Method, prompts: list[list[int]], repeat: int = 0) -> list[Measured]:
         """One row per prompt, all requests in flight at once (one alone on this thread, so that
         an interrupt stops it at once rather than after the request)."""
         counters = self._counters(method)
         before = counters() if counters else None
-        one = lambda ids: self.complete(method, ids, self.settings.max_new_tokens)
+        one = lambda ids: self.complete(method, ids, self.settings.max_new_tokens, repeat=repeat)
         start = time.perf_counter()
         if len(prompts) == 1:
             streams = [one(prompts[0])]
@@ -123,11 +126,14 @@ class EndpointExecutor:
         for client in self.openai.values():
             client.close()
 
-    def complete(self, method: Method, prompt_ids: list[int], max_tokens: int, top_logprobs: int | None = None) \
-            -> Streamed:
+    def complete(self, method: Method, prompt_ids: list[int], max_tokens: int, top_logprobs: int | None = None,
+                 repeat: int = 0) -> Streamed:
         endpoint, served, key = self.endpoints[method.name], self.served[method.name], tuple(prompt_ids)
+        s, seed = self.settings.sampling, self.settings.seed
+        sampling = sampling_fields(s.temperature, s.top_k, s.top_p, s.min_p, None if seed is None else seed + repeat)
         request = Request(max_tokens, prompt_ids=prompt_ids, message=self.texts.get(key),
-                          prompt_text=self.rendered.get(key), top_logprobs=top_logprobs or self.settings.top_logprobs)
+                          prompt_text=self.rendered.get(key), top_logprobs=top_logprobs or self.settings.top_logprobs,
+                          sampling=sampling)
         if method.name in self.openai:
             return complete_openai(self.openai[method.name], endpoint, served.model, request, served.prompt_form)
         return complete(self.client, endpoint, served.model, request, served.prompt_form)
@@ -212,5 +218,5 @@ class Routed:
     def run(self, method: Method, prompt_ids: list[int], repeat: int) -> Measured:
         return self._for(method).run(method, prompt_ids, repeat)
 
-    def run_wave(self, method: Method, prompts: list[list[int]]) -> list[Measured]:
-        return self.endpoints.run_wave(method, prompts)
+    def run_wave(self, method: Method, prompts: list[list[int]], repeat: int = 0) -> list[Measured]:
+        return self.endpoints.run_wave(method, prompts, repeat)

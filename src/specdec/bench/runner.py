@@ -27,7 +27,7 @@ class Executes(Protocol):
 
 
 class ExecutesWaves(Executes, Protocol):
-    def run_wave(self, method: Method, prompts: list[list[int]]) -> list[Measured]: ...
+    def run_wave(self, method: Method, prompts: list[list[int]], repeat: int) -> list[Measured]: ...
 
 
 @dataclass(frozen=True)
@@ -101,7 +101,7 @@ def _measure(wave: list[Run], executor: Executes | ExecutesWaves) -> list[Measur
     first = wave[0]
     if len(wave) == 1:
         return [executor.run(first.method, first.item.ids, first.repeat)]
-    return executor.run_wave(first.method, [run.item.ids for run in wave])
+    return executor.run_wave(first.method, [run.item.ids for run in wave], first.repeat)
 
 
 def _warm_up(todo: list[Run], executor: Executes) -> None:

@@ -175,8 +175,8 @@ def _bench(args: argparse.Namespace, start_servers, accepted: list) -> int:
         config["auto"] = {"runs": auto.label, "why": why}
     if args.client != "httpx" and not endpoints:
         raise SpecdecError("--client applies to endpoints: add --endpoint NAME=URL or --serve NAME=OPTIONS")
-    remote = EndpointExecutor(endpoints, EndpointSettings(args.max_new_tokens, args.endpoint_timeout,
-                                                          client=args.client), {}) if endpoints else None
+    remote = EndpointExecutor(endpoints, EndpointSettings(args.max_new_tokens, args.endpoint_timeout, client=args.client,
+                                                          sampling=sampling, seed=args.seed), {}) if endpoints else None
     finished = finished_methods(out, prompts, args.repeats) if args.resume else {}
     if remote:  # probed before the slow part: a server that is down is an error at once
         for server in start_servers():
@@ -203,7 +203,7 @@ def _bench(args: argparse.Namespace, start_servers, accepted: list) -> int:
     try:
         run_bench(out, config, encoded, methods, args.repeats, Routed(executor, remote),
                   progress=not args.no_progress, concurrency=args.concurrency)
-        if remote and baselines:  # each difference between servers, with its gap (re-asked for top logprobs)
+        if remote and baselines and sampling.greedy:  # each difference between servers, with its gap (re-asked)
             explain_endpoint_differences(out, remote, {e.prompt.id: e.ids for e in encoded}, baselines)
     except KeyboardInterrupt:
         print(f"\nspecdec: interrupted; the {len(read_rows(out))} finished rows are kept in {out / RESULTS}.\n"
@@ -251,9 +251,6 @@ def bench_endpoints(args: argparse.Namespace, local: list[Method], sampling) -> 
             if given:
                 raise SpecdecError(f"{flag} applies to endpoints: add --endpoint NAME=URL")
         return [], {}
-    if not sampling.greedy:
-        raise SpecdecError("endpoints are measured greedy (their outputs are compared token for token): "
-                           "drop --temperature")
     if args.concurrency > 1 and local:
         raise SpecdecError("--concurrency runs endpoints only (specdec's methods run one at a time in this "
                            f"process): bench {', '.join(m.label for m in local)} without it, in another --out")

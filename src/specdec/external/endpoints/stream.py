@@ -1,6 +1,8 @@
-"""One streamed greedy completion from an OpenAI-compatible endpoint, timed chunk by chunk.
+"""One streamed completion from an OpenAI-compatible endpoint, timed chunk by chunk.
 
-The request asks for greedy decoding (temperature 0), a stream of server-sent events, and
+The request asks for greedy decoding (temperature 0) unless it carries sampling fields
+(`sampling_fields`: temperature, top_p, top_k, min_p, seed, the names vLLM, llama-server and
+specdec serve share), a stream of server-sent events, and
 logprobs: they carry each token's id (llama.cpp puts an `id` in each entry; vLLM spells tokens
 `token_id:N` when asked with `return_tokens_as_token_ids`) and the top alternatives with their
 log-probabilities, which give the gap between the two best tokens where outputs differ. A
@@ -41,6 +43,17 @@ class Request:
     prompt_text: str | None = None  # the same prompt as text, for a completions server that takes no ids
     message: str | None = None  # /v1/chat/completions: one user message
     top_logprobs: int = 1  # alternatives per position; 0: no logprobs (text only)
+    sampling: dict | None = None  # sampling_fields(); None: greedy
+
+
+def sampling_fields(temperature: float, top_k: int | None, top_p: float | None, min_p: float | None,
+                    seed: int | None) -> dict | None:
+    """A sampled request's fields (None for greedy: temperature 0 and top_p 1 are sent); the
+    filters that are off are left out, so each server applies its own 'off', not a default."""
+    if temperature == 0:
+        return None
+    given = {"top_k": top_k, "top_p": top_p, "min_p": min_p or None, "seed": seed}
+    return {"temperature": temperature, **{k: v for k, v in given.items() if v is not None}}
 
 
 @dataclass
@@ -99,7 +112,8 @@ class Streamed:
 def body(request: Request, api: str, model: str, form: str = IDS) -> dict:
     """The request's JSON; `form` (the probe's Served.prompt_form) says whether a completions
     prompt goes as ids or as text."""
-    common = {"model": model, "max_tokens": request.max_tokens, "temperature": 0.0, "top_p": 1.0, "stream": True,
+    sampling = request.sampling or {"temperature": 0.0, "top_p": 1.0}
+    common = {"model": model, "max_tokens": request.max_tokens, **sampling, "stream": True,
               "stream_options": {"include_usage": True}, "cache_prompt": False, "return_tokens_as_token_ids": True}
     if api == CHAT:
         logprobs = {"logprobs": True, "top_logprobs": request.top_logprobs} if request.top_logprobs else {}
@@ -137,7 +151,7 @@ def complete(client: httpx.Client, endpoint: Endpoint, model: str, request: Requ
 
 
 # The request fields OpenAI's own API does not define: sent by the openai client in `extra_body`.
-_EXTRA_FIELDS = ("cache_prompt", "return_tokens_as_token_ids")
+_EXTRA_FIELDS = ("cache_prompt", "return_tokens_as_token_ids", "top_k", "min_p")
 
 
 def openai_client(endpoint: Endpoint, timeout_s: float):
@@ -160,7 +174,7 @@ def complete_openai(client, endpoint: Endpoint, model: str, request: Request, fo
     if form == TEXT and request.prompt_text is None:
         raise SpecdecError(f"endpoint {endpoint.name} takes no token ids and this prompt has no text form")
     fields = body(request, endpoint.api, model, form)
-    extra = {k: fields.pop(k) for k in _EXTRA_FIELDS}
+    extra = {k: fields.pop(k) for k in _EXTRA_FIELDS if k in fields}
     create = client.chat.completions.create if endpoint.api == CHAT else client.completions.create
     out = Streamed()
     out.sent = sent = time.perf_counter()
