@@ -13,6 +13,11 @@
 #   SET=spec-bench bash scripts/measure/serving_concurrency.sh        # 8 Spec-Bench first turns
 #   LEVELS="4 8" QUIET=1 bash scripts/measure/serving_concurrency.sh  # some levels; wait for idle CPUs
 #   ENGINES="--engine llamacpp" OUT=... bash scripts/measure/serving_concurrency.sh  # llama-server alone
+#   ENGINES="--engine vllm" LEVELS="1 2 4" OUT=... bash scripts/measure/serving_concurrency.sh
+#
+# vLLM (scripts/setup_vllm.sh first): its CPU server plain and with the 0.5B draft (VLLM_SPEC, its
+# speculative_config: draft_model, 3 tokens a round, as llama-server's), bf16 converted folders
+# (vLLM's CPU build reads no GGUF), the same 2 threads.
 #
 # QUIET=1: inside the lock, wait (up to 20 min) until the CPUs are below 10% busy for two 5-s
 # samples before each level: tests that others run without the lock slow llama.cpp's spinning
@@ -23,6 +28,7 @@ SET=${SET:-humaneval}
 OUT=${OUT:?set OUT, e.g. OUT=docs/serving/concurrency-zen4}
 export ENGINES=${ENGINES:-"--engine llamacpp --engine specdec"}
 LEVELS=${LEVELS:-"1 2 4 8"}
+export VLLM_SPEC=${VLLM_SPEC:-'{"method": "draft_model", "model": "qwen2.5-coder-0.5b-instruct", "num_speculative_tokens": 3}'}
 case "$SET" in
   humaneval) SELECT=(--dataset humaneval --limit 8) ;;
   spec-bench) SELECT=(--dataset spec-bench --per-category 1
@@ -55,7 +61,7 @@ for n in $LEVELS; do
     watcher=$!
     trap "kill $watcher" EXIT
     .venv/bin/python scripts/serving_bench.py $ENGINES --model qwen2.5-coder-1.5b-instruct --draft qwen2.5-coder-0.5b-instruct \
-      --spec-args "--spec-draft-n-max 3 --spec-draft-n-min 0 --spec-draft-p-min 0" --threads 2 \
+      --spec-args "--spec-draft-n-max 3 --spec-draft-n-min 0 --spec-draft-p-min 0" --spec-config "$VLLM_SPEC" --threads 2 \
       --concurrency "$n" --api chat --out "$dir" \
       -- "$@" --max-new-tokens 128 --target qwen2.5-coder-1.5b-instruct --client openai --no-progress
   ' _ "$n" "$OUT/$SET" "${SELECT[@]}"
