@@ -112,9 +112,11 @@ def test_a_batch_decodes_each_prompt_as_it_decodes_alone(models, method):
 
 @pytest.mark.parametrize("method", ["draft", "conf", "hybrid", "tree"])
 def test_under_a_plan_the_draft_reads_the_prompt_only_when_its_sequence_first_guesses(models, method):
-    """A batch with a plan prefills the draft with the prompt's first token only: a plan that
-    keeps every sequence plain never runs the draft past that; one that turns guessing on after
-    some plain rounds feeds the draft everything it missed in its first guessing round. Outputs
+    """A batch with a plan prefills the draft of a sequence that joins others with the prompt's
+    first token only: a plan that keeps every sequence plain never runs the draft past that; one
+    that turns guessing on after some plain rounds feeds the draft everything it missed in its
+    first guessing round. The first sequence, which starts alone (and would guess as its
+    proposer says), has its draft read the whole prompt at once, as generate's does. Outputs
     equal each prompt alone either way."""
     target, draft = models
     drafter = _proposers(draft)[method]
@@ -129,7 +131,8 @@ def test_under_a_plan_the_draft_reads_the_prompt_only_when_its_sequence_first_gu
     for plan, guessed in ((lambda running, most: [0] * len(running), False), (plain_then_guess, True)):
         batch = Batch(target, drafter, plan)
         started = [batch.add(p, Options(20, eos_token_id=[])) for p in prompts]
-        assert all(d.draft_lm.length == 1 for d in started)  # the prompt's first token alone
+        assert started[0].draft_lm.length == len(prompts[0])  # alone: the whole prompt
+        assert all(d.draft_lm.length == 1 for d in started[1:])  # the prompt's first token alone
         while batch.running:
             assert all(error is None for _, error in batch.step())
         results = [d.result() for d in started]

@@ -6,6 +6,8 @@ them from memory) at 1..8 rows, with the read rate that implies; specdec's layer
 below min_rows, as in generation.
 
     .venv/bin/python scripts/measure/kernel_facts.py --out docs/forward/kernels-<machine>.json
+    .venv/bin/python scripts/measure/kernel_facts.py --kernels int4 --dtypes bfloat16 --rows 1,8,16,32 \
+        --source /tmp/old/qgemm.cpp --out old.json   # another build of the kernels, for an A/B
 
 Kernels: torch's F.linear (MKL for float32, oneDNN for bf16/fp16), specdec's PackedLinear
 (oneDNN prepacked where the CPU runs the dtype, else F.linear), QuantLinear
@@ -24,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
+from specdec import kernels  # noqa: E402
 from specdec.forward.linear import PackedLinear, QuantLinear, onednn_packs, probe_min_rows  # noqa: E402
 from specdec.machine import environment  # noqa: E402
 from specdec.quant.weights import q4_rtn, q8_rtn  # noqa: E402
@@ -85,9 +88,15 @@ def main() -> None:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--dtypes", default="float32,bfloat16,float16")
     p.add_argument("--kernels", default="F.linear,packed,int8,int4")
+    p.add_argument("--rows", default=",".join(map(str, ROWS)), help="row counts timed, comma-separated")
+    p.add_argument("--source", type=Path, help="another qgemm.cpp to build and time (default: specdec's)")
     args = p.parse_args()
+    rows = [int(m) for m in args.rows.split(",")]
+    if args.source:
+        kernels.SOURCE = args.source.resolve()
     torch.manual_seed(0)
-    facts = {"environment": environment("cpu", "various"), "layers": LAYERS, "shapes": SHAPES, "rows": ROWS,
+    facts = {"environment": environment("cpu", "various"), "layers": LAYERS, "shapes": SHAPES, "rows": rows,
+             "source": str(args.source or kernels.SOURCE),
              "onednn_packs": {}, "kernels": {}}
     for name in args.dtypes.split(","):
         dtype = getattr(torch, name)
@@ -96,7 +105,7 @@ def main() -> None:
             layers = [build(kind, torch.nn.Linear(i, o, bias=False), dtype) for _ in range(LAYERS) for i, o in SHAPES]
             gb = sum(layer.weight_bytes() for layer in layers) / 1e9
             min_rows = min_rows_by_shape(layers, dtype)
-            timing = {m: pass_ms(layers, m, dtype) for m in ROWS}
+            timing = {m: pass_ms(layers, m, dtype) for m in rows}
             facts["kernels"][f"{kind}/{name}"] = {
                 "weight_gb": gb, "min_rows": min_rows,
                 "pass_ms": timing, "read_gb_per_s": {m: gb / (t / 1e3) for m, t in timing.items()},

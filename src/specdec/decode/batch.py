@@ -51,14 +51,16 @@ class Batch:
 
     def add(self, input_ids: torch.Tensor | Sequence[int], options: Options, slots: int = 256) -> Decoding:
         """Start a sequence: prefill it (alone) and commit its first token; it joins the next
-        round unless it already ended (then its lanes are freed at once). Under a plan the draft
-        reads the prompt only when the sequence first guesses (plain under load: never).
+        round unless it already ended (then its lanes are freed at once). Under a plan, a
+        sequence that joins others has its draft read the prompt only when it first guesses
+        (plain under load: never); one that starts alone guesses as its proposer says, so its
+        draft reads the prompt now, before its first token, as generate's does.
         `slots`: the cache positions its lanes start with (they grow on demand; a server
         reserves what a request may reach, so its keys never move)."""
         drafter = self.drafter.fork(slots) if self.drafter is not None else None
         d = Decoding(self.target.lane(slots), input_ids, drafter, options)
         try:
-            d.start(prefill_draft=self.plan is None)
+            d.start(prefill_draft=self.plan is None or not self.running)
         except BaseException:
             _release(d)
             raise
