@@ -13,6 +13,7 @@
 # ones per prompt by scripts/measure/serve_sampling_table.py.
 #
 #   OUT=docs/serving/sampling-zen4 bash scripts/measure/serve_sampling.sh
+#   RUNS="greedy greedy-again" SETS=humaneval OUT=... bash scripts/measure/serve_sampling.sh  # some runs
 #
 # A run whose folder exists is skipped (bench --resume finishes one cut short).
 set -euo pipefail
@@ -20,6 +21,7 @@ cd "$(dirname "$0")/../.."
 OUT=${OUT:?set OUT, e.g. OUT=docs/serving/sampling-zen4}
 METHOD=${METHOD:-$(.venv/bin/python -c "from specdec.tune.saved import DEFAULT_CHOICE, device_kind; print(DEFAULT_CHOICE[device_kind(\"cpu\")])")}  # what auto runs before advice
 SETS=${SETS:-"humaneval spec-bench"}
+RUNS=${RUNS:-"greedy top-p min-p greedy-again"}
 mkdir -p "$OUT"
 exec 9>/tmp/cpu.lock
 flock 9
@@ -52,9 +54,11 @@ run() {  # SET NAME SAMPLING...
     --endpoint plain=http://127.0.0.1:18801/v1/completions --endpoint spec=http://127.0.0.1:18802/v1/completions \
     --baseline plain --client openai --seed 1 --no-progress --out "$dir" "${resume[@]}" "$@"
 }
+declare -A SAMPLING=([greedy]="" [top-p]="--temperature 0.8 --top-p 0.95"
+                     [min-p]="--temperature 0.8 --top-p 0.95 --min-p 0.05" [greedy-again]="")
 for set in $SETS; do
-  run "$set" greedy
-  run "$set" top-p --temperature 0.8 --top-p 0.95
-  run "$set" min-p --temperature 0.8 --top-p 0.95 --min-p 0.05
-  run "$set" greedy-again
+  for name in $RUNS; do
+    # shellcheck disable=SC2086 # the sampling flags split into words
+    run "$set" "$name" ${SAMPLING[$name]}
+  done
 done

@@ -40,7 +40,7 @@ def ratio_cell(ratios: list[float]) -> str:
 
 
 def table(folder: Path) -> str:
-    runs = {name: rates(folder / name) for name in RUNS}
+    runs = {name: rates(folder / name) if (folder / name).is_dir() else {} for name in RUNS}
     methods = list(runs["greedy"])
     twin = {**SERVED, "endpoint:name=spec": next(m for m in methods if m not in SERVED and m != "ar"
                                                  and not m.startswith("endpoint"))}
@@ -49,6 +49,8 @@ def table(folder: Path) -> str:
     for m in methods:
         greedy = {p: geomean([runs["greedy"][m][p], runs["greedy-again"][m][p]])
                   for p in runs["greedy"][m] if p in runs["greedy-again"].get(m, {})}
+        if not greedy:  # one greedy run only
+            greedy = runs["greedy"][m]
         cells = [f"{np.median(list(greedy.values())):.1f}"]
         for name in ("top-p", "min-p"):
             sampled = runs[name].get(m, {})
