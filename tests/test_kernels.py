@@ -4,7 +4,8 @@ What must hold, each checked without tolerance where the design promises bits:
 - the product is x_q W^T, x_q the activations quantized per row in blocks of 32 (computed here
   by torch in float64 from the same int8 values): relative error < 1e-5 of the output's scale;
 - a row's output is the same bits alone, inside any block of 1..17 rows at any position, with
-  1 or 2 threads, and (where the CPU runs it) on the AVX-512 VNNI path and the portable one;
+  1 or 2 threads, and (where the CPU runs it) on the AVX-512 VNNI path, its AMX tiles (blocks
+  of 9-16 rows) and the portable path;
 - GGUF's Q4_K, Q4_1 and Q6_K blocks decode to the same floats as gguf-py's own dequantization;
 - rounding a float weight stays within stated error (Q4 groups of 32: < 10% relative Frobenius
   error on Gaussian weights, Q8: < 1%, Q3: < 20% and below plain min-max rounding's);
@@ -84,6 +85,11 @@ def test_the_vector_path_is_the_widest_the_cpu_has():
     expected = ("avx512-vnni" if all(f in FLAGS for f in ("avx512f", "avx512bw", "avx512_vnni"))
                 else "avx2" if HAS_AVX2 else "portable")
     assert kernels.vector_path() == expected
+
+
+def test_blocks_past_eight_rows_run_on_amx_where_the_cpu_has_it():
+    """Else the row tests above would not reach the AMX path on a CPU that has it."""
+    assert kernels.amx() == all(f in FLAGS for f in ("amx_tile", "amx_int8", "avx512_vnni"))
 
 
 @pytest.mark.skipif(not HAS_AVX2, reason="the CPU has no AVX2")

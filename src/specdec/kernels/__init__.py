@@ -1,7 +1,8 @@
 """specdec's int8-activation kernels for Q3, Q4, Q5 and Q8 weights (qgemm.cpp; formats: quant.weights).
 
 The C++ source is compiled once per machine with the system's C++ compiler (-march=native: the
-AVX-512 VNNI path where the CPU has it, else the AVX2 one, else the portable one) into the model
+AVX-512 VNNI path where the CPU has it, with AMX tiles for blocks of 9-16 rows where it has those,
+else the AVX2 one, else the portable one) into the model
 cache, keyed by the source, the flags, the compiler and the CPU's flags, and loaded with ctypes. It links the
 OpenMP runtime torch already loaded (libgomp.so.1), so its threads are torch's threads
 (torch.set_num_threads applies) and no second pool spins beside them.
@@ -93,6 +94,12 @@ def library(march: str = "native") -> ctypes.CDLL:
 def vector_path(march: str = "native") -> str:
     """The kernels' vector path on this CPU: avx512-vnni, avx2 or portable (none)."""
     return PATHS[library(march).sd_vector_path()]
+
+
+def amx() -> bool:
+    """Whether blocks of more than 8 rows run on the CPU's AMX tiles (built for them, granted by
+    the OS); their bits are the VNNI path's."""
+    return bool(library().sd_amx())
 
 
 @dataclass

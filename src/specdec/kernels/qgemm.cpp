@@ -5,9 +5,10 @@
 // Why a row's result cannot depend on the block it is computed in: every row's activations are
 // quantized from that row alone, the integer dot products are exact, and each output's float
 // sum runs over the groups in one fixed order with the same operations, whatever the number of
-// rows, their position, the thread count or the instruction set. The AVX-512 VNNI path, the
-// AVX2 path and the portable reference below perform the same IEEE operations per output (mul,
-// fma, add; the build passes -ffp-contract=off), so they agree bit for bit (tests/test_kernels.py).
+// rows, their position, the thread count or the instruction set. The AVX-512 VNNI path (with
+// AMX tiles for blocks of 9-16 rows), the AVX2 path and the portable reference below perform the
+// same IEEE operations per output (mul, fma, add; the build passes -ffp-contract=off), so they
+// agree bit for bit (tests/test_kernels.py).
 //
 // Layouts (T = N/16 tiles of 16 outputs; lane l is output 16t+l):
 //   Q4: codes  [T][K/32][4][16][4] bytes: load j of group g holds, per lane, inputs 4j..4j+3 of
@@ -30,6 +31,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 // The vector path the compiler may use (-march=native): AVX-512 VNNI, else AVX2 with FMA, else
@@ -46,11 +48,21 @@
 #define SD_VNNI 0
 #define SD_AVX2 0
 #endif
+// AMX (Sapphire Rapids and later): blocks of more than kMaxRows rows take the integer dot
+// products from the tile unit; Linux lends a process the tile state only on request.
+#if SD_VNNI && defined(__AMX_TILE__) && defined(__AMX_INT8__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#define SD_AMX 1
+#else
+#define SD_AMX 0
+#endif
 
 namespace {
 
 constexpr int kBlock = 32;  // activation block (inputs per int8 scale)
 constexpr int kMaxRows = 8;  // rows computed together, sharing each weight load
+constexpr int kWideRows = 16;  // the same on the AMX path (its A tile's rows)
 // Groups ahead of the one computed that the VNNI path prefetches: without it a tile's stream
 // of codes is latency-bound (measured on Zen 5, 28 layers of the 1.5B target's shapes: 1 row
 // 20.5 ms without, 19.3 at 12 ahead; 8 rows 55 against 24 ms); 20-48 ahead, into L1 or L2,
@@ -124,7 +136,7 @@ inline float quantize_block_avx2(const float* v, int8_t* q, int32_t* sums) {
 
 void quantize_rows(const void* x, int bf16, int64_t rows, int64_t K, int q8_zero, int portable, Acts& a) {
     const int64_t blocks = K / kBlock;
-    a.q.resize(rows * K);
+    a.q.resize((rows + kWideRows - 1) * K);  // room for a full A tile at any block's start
     a.scale.resize(rows * blocks);
     a.neg_sum.resize(rows * blocks);
     a.zero_sum.resize(rows * blocks * 2);
@@ -389,6 +401,129 @@ void vector_tile(const W& w, const Acts& a, int64_t K, int64_t t, int64_t r0, in
 }
 #endif
 
+#if SD_AMX
+// The tile unit computes the same exact int32 sums as vnni_rows's dpbusd chains (a row's
+// activations signed, the codes unsigned; nothing overflows), and the float steps after them
+// are vnni_rows's own, in the same order: a row's bits do not change with the path.
+// Tiles, two sets so that a group's tile work runs while the previous group's sums are scaled:
+// 0/3 = a group's activations of up to 16 rows (A), 1/4 = its codes (B, row j = unpack's c[j]:
+// inputs 4j..4j+3 of each of the 16 lanes), 2/5 = the sums (C, a row's 16 lanes). Rows past
+// the block's are read (a.q has room) and their sums dropped. Q8's groups of 16 stay on VNNI:
+// tiles half as deep measured slower than dpbusd there.
+constexpr int kAmxRows = 16;
+
+struct alignas(64) TileConfig {
+    uint8_t palette = 1, start_row = 0, reserved[14] = {};
+    uint16_t colsb[16] = {32, 64, 64, 64, 64, 64};
+    uint8_t rows[16] = {kAmxRows, 8, kAmxRows, kAmxRows, kAmxRows, kAmxRows};
+};
+
+bool amx_granted() {
+    constexpr long kReqXcompPerm = 0x1023, kXtileData = 18;  // arch_prctl(2), Linux >= 5.16
+    static const bool granted = syscall(SYS_arch_prctl, kReqXcompPerm, kXtileData) == 0;
+    return granted;
+}
+
+// A thread's tile configuration for one parallel region (torch's oneDNN uses the tiles too,
+// with its own configuration, so none is assumed to outlive the region).
+struct AmxScope {
+    const bool on;
+    explicit AmxScope(bool on) : on(on) {
+        static const TileConfig config;
+        if (on) _tile_loadconfig(&config);
+    }
+    ~AmxScope() {
+        if (on) _tile_release();
+    }
+};
+
+// sums[16][16] = x's 16 rows (stride K) times the codes in b, into C tile 2 + Set. GCC's tile
+// intrinsics paste the tile number into their assembly, so it is a literal in each.
+#define SD_TILE_SUMS(C)                                                               \
+    inline void tile_sums##C(const int8_t* x, int64_t K, const uint8_t* b, int32_t* sums) { \
+        _tile_loadd(0, x, K);                                                         \
+        _tile_loadd(1, b, 64);                                                        \
+        _tile_zero(C);                                                                \
+        _tile_dpbsud(C, 0, 1);                                                        \
+        _tile_stored(C, sums, 64);                                                    \
+    }
+SD_TILE_SUMS(2)
+SD_TILE_SUMS(3)
+SD_TILE_SUMS(4)
+SD_TILE_SUMS(5)
+#undef SD_TILE_SUMS
+constexpr int kAmxDepth = 4;  // groups whose tile work is in flight while one is scaled
+
+// Group g's integer sums of rows r0.. into sums[16][16], on C tile 2 + g % kAmxDepth.
+template <int Bits>
+inline void amx_sums(const QLow<Bits>& w, const Acts& a, int64_t K, int64_t t, int64_t r0, int64_t g, uint8_t* b,
+                     int32_t* sums) {
+    const int64_t G = K / 32;
+    const uint8_t* codes = w.codes + (t * G + g) * w.kCodeBytes;
+    prefetch(codes + kAhead * w.kCodeBytes, w.kCodeBytes, w.subs + (t * G + g + kAhead) * 32);
+    __m512i c[8];
+    unpack(w, codes, c);
+    for (int j = 0; j < 8; ++j) _mm512_store_si512(b + 64 * j, c[j]);
+    const int8_t* x = &a.q[r0 * K + g * 32];
+    switch (g % kAmxDepth) {
+        case 0: tile_sums2(x, K, b, sums); break;
+        case 1: tile_sums3(x, K, b, sums); break;
+        case 2: tile_sums4(x, K, b, sums); break;
+        default: tile_sums5(x, K, b, sums); break;
+    }
+}
+
+template <int R, int Bits>
+void amx_rows(const QLow<Bits>& w, const Acts& a, int64_t K, int64_t t, int64_t r0, float (*out)[16]) {
+    const int64_t G = K / 32, SB = (G + w.gps - 1) / w.gps, blocks = K / 32;
+    alignas(64) uint8_t b[kAmxDepth][8 * 64];
+    alignas(64) int32_t sums[kAmxDepth][kAmxRows * 16];
+    __m512 acc[R];
+    for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+    __m512 d = _mm512_setzero_ps(), dm = _mm512_setzero_ps();
+    const float* sup = w.supers + t * SB * 32;
+    int64_t in_super = 0;
+    for (int64_t g = 0; g < G && g < kAmxDepth - 1; ++g) amx_sums(w, a, K, t, r0, g, b[g], sums[g]);
+    for (int64_t g = 0; g < G; ++g) {  // the tiles kAmxDepth - 1 groups ahead of the float steps
+        const int64_t next = g + kAmxDepth - 1;
+        if (next < G) amx_sums(w, a, K, t, r0, next, b[next % kAmxDepth], sums[next % kAmxDepth]);
+        if (in_super-- == 0) {
+            d = _mm512_loadu_ps(sup);
+            dm = _mm512_loadu_ps(sup + 16);
+            sup += 32;
+            in_super = w.gps - 1;
+        }
+        const uint8_t* subs = w.subs + (t * G + g) * 32;
+        const __m512 s = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)subs))), d);
+        const __m512 m =
+            _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(subs + 16)))), dm);
+        const int32_t* s32 = sums[g % kAmxDepth];
+        for (int r = 0; r < R; ++r) {  // vnni_rows's float steps
+            const int64_t blk = (r0 + r) * blocks + g;
+            const __m512 isum = _mm512_cvtepi32_ps(_mm512_load_si512(s32 + 16 * r));
+            acc[r] = _mm512_fmadd_ps(isum, _mm512_mul_ps(s, _mm512_set1_ps(a.scale[blk])), acc[r]);
+            acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(a.neg_sum[blk]), m, acc[r]);
+        }
+    }
+    for (int r = 0; r < R; ++r) _mm512_storeu_ps(out[r], acc[r]);
+}
+
+// A block of kMaxRows + 1 .. kAmxRows rows.
+template <typename W>
+void amx_tile(const W& w, const Acts& a, int64_t K, int64_t t, int64_t r0, int rows, float (*acc)[16]) {
+    switch (rows) {
+        case 9: amx_rows<9>(w, a, K, t, r0, acc); break;
+        case 10: amx_rows<10>(w, a, K, t, r0, acc); break;
+        case 11: amx_rows<11>(w, a, K, t, r0, acc); break;
+        case 12: amx_rows<12>(w, a, K, t, r0, acc); break;
+        case 13: amx_rows<13>(w, a, K, t, r0, acc); break;
+        case 14: amx_rows<14>(w, a, K, t, r0, acc); break;
+        case 15: amx_rows<15>(w, a, K, t, r0, acc); break;
+        default: amx_rows<16>(w, a, K, t, r0, acc); break;
+    }
+}
+#endif
+
 #if SD_AVX2
 // AVX2 has no u8 x s8 -> s32 dot product: maddubs (u8 x s8 pairs -> s16, saturating) then madd
 // with ones. Q4 codes (<= 15) times int8 keep a pair below 2^15; Q8 codes are taken as the
@@ -513,17 +648,25 @@ void vector_tile(const W& w, const Acts& a, int64_t K, int64_t t, int64_t r0, in
 
 // y[rows, N] for every tile, the rows in chunks of kMaxRows; each tile is one thread's work, so
 // the split over threads cannot change an output.
+// `wide` (null or the AMX path) takes chunks of more than kMaxRows rows, up to kWideRows.
 template <typename W, typename Tile>
 void run(const W& w, const Acts& a, int64_t rows, int64_t K, int64_t N, const float* bias, void* out, int out_bf16,
-         Tile tile) {
+         Tile tile, Tile wide = nullptr) {
     const int64_t T = N / 16;
-#pragma omp parallel for schedule(static)
-    for (int64_t t = 0; t < T; ++t) {
-        float acc[kMaxRows][16];
-        for (int64_t r0 = 0; r0 < rows; r0 += kMaxRows) {
-            const int chunk = int(rows - r0 < kMaxRows ? rows - r0 : kMaxRows);
-            tile(w, a, K, t, r0, chunk, acc);
-            for (int r = 0; r < chunk; ++r) store_out(acc[r], bias, t * 16, out, out_bf16, (r0 + r) * N + t * 16);
+    const int most = wide && rows > kMaxRows ? kWideRows : kMaxRows;
+#pragma omp parallel
+    {
+#if SD_AMX
+        const AmxScope tiles(most > kMaxRows);
+#endif
+#pragma omp for schedule(static)
+        for (int64_t t = 0; t < T; ++t) {
+            float acc[kWideRows][16];
+            for (int64_t r0 = 0; r0 < rows; r0 += most) {
+                const int chunk = int(rows - r0 < most ? rows - r0 : most);
+                (chunk > kMaxRows ? wide : tile)(w, a, K, t, r0, chunk, acc);
+                for (int r = 0; r < chunk; ++r) store_out(acc[r], bias, t * 16, out, out_bf16, (r0 + r) * N + t * 16);
+            }
         }
     }
 }
@@ -538,6 +681,11 @@ template <typename W>
 void linear(const W& w, const void* x, int x_bf16, int64_t rows, int64_t K, int64_t N, int zero, const float* bias,
             void* out, int out_bf16, int portable) {
     quantize_rows(x, x_bf16, rows, K, zero, portable, acts);
+#if SD_AMX
+    if constexpr (!std::is_same_v<W, Q8>)
+        if (!portable && amx_granted())
+            return run(w, acts, rows, K, N, bias, out, out_bf16, Tile<W>(vector_tile<W>), Tile<W>(amx_tile<W>));
+#endif
 #if SD_VNNI || SD_AVX2
     if (!portable) return run(w, acts, rows, K, N, bias, out, out_bf16, Tile<W>(vector_tile<W>));
 #endif
@@ -550,6 +698,15 @@ extern "C" {
 
 // 2: AVX-512 VNNI, 1: AVX2, 0: the portable path only.
 int sd_vector_path() { return SD_VNNI ? 2 : SD_AVX2; }
+
+// 1 where blocks of more than 8 rows run on AMX tiles (built for them and granted by the OS).
+int sd_amx() {
+#if SD_AMX
+    return amx_granted();
+#else
+    return 0;
+#endif
+}
 
 // x: [rows, K] float32 (x_bf16 = 0) or bfloat16; out: [rows, N] likewise by out_bf16; bias: N
 // float32 or null. K % 32 == 0, N % 16 == 0 (checked by the caller). portable = 1 runs the
