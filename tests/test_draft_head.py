@@ -58,3 +58,33 @@ def test_restrict_head_refuses_bad_input():
 def test_bundled_text_is_real_text():
     tokens = bundled_text_tokens(word_tokenizer(64))
     assert len(tokens) == 480 and sum(map(len, tokens)) > 10_000
+
+
+FILTERS = [dict(temperature=0.8), dict(temperature=0.8, top_k=5), dict(temperature=0.8, top_p=0.9),
+           dict(temperature=0.8, top_p=0.95, min_p=0.05), dict(temperature=1.3, top_k=7, top_p=0.5, min_p=0.2)]
+
+
+@pytest.mark.parametrize("filters", FILTERS)
+def test_guessing_over_the_head_columns_is_guessing_over_the_spread_row(filters):
+    """The draft guesses over its restricted head's columns; the q it hands the verifier, spread
+    back over the vocabulary, is the q of the spread row, and its token is a head id."""
+    from specdec.decode.sampling import SamplingConfig, probs
+    from specdec.proposers.draft import guess
+
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.sort(torch.randperm(64, generator=gen)[:20]).values
+    cfg = SamplingConfig(**filters)
+    for trial in range(20):
+        row = torch.randn(20, generator=gen) * 3
+        row[3] = row[11]  # a tie inside the head
+        spread = torch.full((64,), float("-inf")).index_copy_(0, ids, row)
+        qs: list[torch.Tensor] = []
+        token = guess(row, cfg, torch.Generator().manual_seed(trial), qs, ids, 64)
+        torch.testing.assert_close(qs[0], probs(spread, cfg), rtol=1e-6, atol=1e-7)
+        assert int(token) in ids.tolist() and qs[0][token] > 0
+        assert qs[0][~torch.isin(torch.arange(64), ids)].eq(0).all()
+    greedy = SamplingConfig(temperature=0.0)
+    row = torch.randn(20, generator=gen)
+    row[7] = row[2] = row.max() + 1  # a tie for the largest: the lower id, as over the full row
+    spread = torch.full((64,), float("-inf")).index_copy_(0, ids, row)
+    assert guess(row, greedy, None, [], ids, 64).tolist() == guess(spread, greedy, None, []).tolist() == [int(ids[2])]
