@@ -313,26 +313,51 @@ inline void unpack(const Q5&, const uint8_t* codes, __m512i* c) {
     c[6] = _mm512_or_si512(c[6], q5_high<6>(p)), c[7] = _mm512_or_si512(c[7], q5_high<7>(p));
 }
 
-template <int R, int Bits>
-void vnni_rows(const QLow<Bits>& w, const Acts& a, int64_t K, int64_t t, int64_t r0, float (*out)[16]) {
-    const int64_t G = K / 32, SB = (G + w.gps - 1) / w.gps, blocks = K / 32;
-    __m512 acc[R];
-    for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+// A Q3/Q4/Q5 tile's scales group by group: s = super-scale x sub-scale and m = super-min x
+// sub-min per lane (the super-scales reloaded every gps groups by a counter: a division per
+// group costs).
+template <int Bits>
+struct LowScales {
+    const int64_t gps;
+    const float* sup;
+    const uint8_t* subs;
+    int64_t in_super = 0;
     __m512 d = _mm512_setzero_ps(), dm = _mm512_setzero_ps();
-    const float* sup = w.supers + t * SB * 32;
-    for (int64_t g = 0, in_super = 0; g < G; ++g) {
-        if (in_super-- == 0) {  // a counter, not g % gps: a division per group costs
+
+    LowScales(const QLow<Bits>& w, int64_t t, int64_t G)
+        : gps(w.gps), sup(w.supers + t * ((G + w.gps - 1) / w.gps) * 32), subs(w.subs + t * G * 32) {}
+
+    void next(__m512& s, __m512& m) {
+        if (in_super-- == 0) {
             d = _mm512_loadu_ps(sup);
             dm = _mm512_loadu_ps(sup + 16);
             sup += 32;
-            in_super = w.gps - 1;
+            in_super = gps - 1;
         }
-        const uint8_t* subs = w.subs + (t * G + g) * 32;
-        const __m512 s = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)subs))), d);
-        const __m512 m =
-            _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(subs + 16)))), dm);
+        s = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)subs))), d);
+        m = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(subs + 16)))), dm);
+        subs += 32;
+    }
+};
+
+// One row's step over a Q3/Q4/Q5 group, in the order every path takes:
+// acc + isum * (s * x's scale), then + x's -sum * m.
+inline __m512 low_step(__m512 acc, __m512i isum, __m512 s, __m512 m, float scale, float neg_sum) {
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(s, _mm512_set1_ps(scale)), acc);
+    return _mm512_fmadd_ps(_mm512_set1_ps(neg_sum), m, acc);
+}
+
+template <int R, int Bits>
+void vnni_rows(const QLow<Bits>& w, const Acts& a, int64_t K, int64_t t, int64_t r0, float (*out)[16]) {
+    const int64_t G = K / 32, blocks = K / 32;
+    __m512 acc[R];
+    for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+    LowScales<Bits> scales(w, t, G);
+    for (int64_t g = 0; g < G; ++g) {
+        __m512 s, m;
+        scales.next(s, m);
         const uint8_t* codes = w.codes + (t * G + g) * w.kCodeBytes;
-        prefetch(codes + kAhead * w.kCodeBytes, w.kCodeBytes, subs + kAhead * 32);
+        prefetch(codes + kAhead * w.kCodeBytes, w.kCodeBytes, w.subs + (t * G + g + kAhead) * 32);
         __m512i c[8];
         unpack(w, codes, c);
         for (int r = 0; r < R; ++r) {
@@ -343,9 +368,7 @@ void vnni_rows(const QLow<Bits>& w, const Acts& a, int64_t K, int64_t t, int64_t
                 i1 = _mm512_dpbusd_epi32(i1, c[4 + j], _mm512_set1_epi32(xq[4 + j]));
             }
             const int64_t blk = (r0 + r) * blocks + g;
-            const __m512 isum = _mm512_cvtepi32_ps(_mm512_add_epi32(i0, i1));
-            acc[r] = _mm512_fmadd_ps(isum, _mm512_mul_ps(s, _mm512_set1_ps(a.scale[blk])), acc[r]);
-            acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(a.neg_sum[blk]), m, acc[r]);
+            acc[r] = low_step(acc[r], _mm512_add_epi32(i0, i1), s, m, a.scale[blk], a.neg_sum[blk]);
         }
     }
     for (int r = 0; r < R; ++r) _mm512_storeu_ps(out[r], acc[r]);
@@ -404,13 +427,14 @@ void vector_tile(const W& w, const Acts& a, int64_t K, int64_t t, int64_t r0, in
 #if SD_AMX
 // The tile unit computes the same exact int32 sums as vnni_rows's dpbusd chains (a row's
 // activations signed, the codes unsigned; nothing overflows), and the float steps after them
-// are vnni_rows's own, in the same order: a row's bits do not change with the path.
-// Tiles, two sets so that a group's tile work runs while the previous group's sums are scaled:
-// 0/3 = a group's activations of up to 16 rows (A), 1/4 = its codes (B, row j = unpack's c[j]:
-// inputs 4j..4j+3 of each of the 16 lanes), 2/5 = the sums (C, a row's 16 lanes). Rows past
-// the block's are read (a.q has room) and their sums dropped. Q8's groups of 16 stay on VNNI:
-// tiles half as deep measured slower than dpbusd there.
+// are vnni_rows's own (low_step), in the same order: a row's bits do not change with the path.
+// Tiles: 0 = a group's activations of up to 16 rows (A, strided straight from the quantized
+// rows; rows past the block's are read, a.q has room, and their sums dropped), 1 = its codes
+// (B, row j = unpack's c[j]: inputs 4j..4j+3 of each of the 16 lanes), 2..5 = the sums of four
+// groups in flight (C, a row's 16 lanes), so the tile work runs ahead of the float steps. Q8's
+// groups of 16 stay on VNNI: tiles half as deep measured slower than dpbusd there.
 constexpr int kAmxRows = 16;
+constexpr int kAmxDepth = 4;
 
 struct alignas(64) TileConfig {
     uint8_t palette = 1, start_row = 0, reserved[14] = {};
@@ -437,24 +461,23 @@ struct AmxScope {
     }
 };
 
-// sums[16][16] = x's 16 rows (stride K) times the codes in b, into C tile 2 + Set. GCC's tile
+// sums[16][16] = x's 16 rows (stride K) times the codes in b, on C tile C. GCC's tile
 // intrinsics paste the tile number into their assembly, so it is a literal in each.
-#define SD_TILE_SUMS(C)                                                               \
+#define SD_TILE_SUMS(C)                                                                    \
     inline void tile_sums##C(const int8_t* x, int64_t K, const uint8_t* b, int32_t* sums) { \
-        _tile_loadd(0, x, K);                                                         \
-        _tile_loadd(1, b, 64);                                                        \
-        _tile_zero(C);                                                                \
-        _tile_dpbsud(C, 0, 1);                                                        \
-        _tile_stored(C, sums, 64);                                                    \
+        _tile_loadd(0, x, K);                                                              \
+        _tile_loadd(1, b, 64);                                                             \
+        _tile_zero(C);                                                                     \
+        _tile_dpbsud(C, 0, 1);                                                             \
+        _tile_stored(C, sums, 64);                                                         \
     }
 SD_TILE_SUMS(2)
 SD_TILE_SUMS(3)
 SD_TILE_SUMS(4)
 SD_TILE_SUMS(5)
 #undef SD_TILE_SUMS
-constexpr int kAmxDepth = 4;  // groups whose tile work is in flight while one is scaled
 
-// Group g's integer sums of rows r0.. into sums[16][16], on C tile 2 + g % kAmxDepth.
+// Group g's int32 sums of rows r0.. into sums[16][16], b the group's codes as B.
 template <int Bits>
 inline void amx_sums(const QLow<Bits>& w, const Acts& a, int64_t K, int64_t t, int64_t r0, int64_t g, uint8_t* b,
                      int32_t* sums) {
@@ -475,34 +498,22 @@ inline void amx_sums(const QLow<Bits>& w, const Acts& a, int64_t K, int64_t t, i
 
 template <int R, int Bits>
 void amx_rows(const QLow<Bits>& w, const Acts& a, int64_t K, int64_t t, int64_t r0, float (*out)[16]) {
-    const int64_t G = K / 32, SB = (G + w.gps - 1) / w.gps, blocks = K / 32;
+    const int64_t G = K / 32, blocks = K / 32;
     alignas(64) uint8_t b[kAmxDepth][8 * 64];
     alignas(64) int32_t sums[kAmxDepth][kAmxRows * 16];
     __m512 acc[R];
     for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
-    __m512 d = _mm512_setzero_ps(), dm = _mm512_setzero_ps();
-    const float* sup = w.supers + t * SB * 32;
-    int64_t in_super = 0;
+    LowScales<Bits> scales(w, t, G);
     for (int64_t g = 0; g < G && g < kAmxDepth - 1; ++g) amx_sums(w, a, K, t, r0, g, b[g], sums[g]);
-    for (int64_t g = 0; g < G; ++g) {  // the tiles kAmxDepth - 1 groups ahead of the float steps
-        const int64_t next = g + kAmxDepth - 1;
-        if (next < G) amx_sums(w, a, K, t, r0, next, b[next % kAmxDepth], sums[next % kAmxDepth]);
-        if (in_super-- == 0) {
-            d = _mm512_loadu_ps(sup);
-            dm = _mm512_loadu_ps(sup + 16);
-            sup += 32;
-            in_super = w.gps - 1;
-        }
-        const uint8_t* subs = w.subs + (t * G + g) * 32;
-        const __m512 s = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)subs))), d);
-        const __m512 m =
-            _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(subs + 16)))), dm);
+    for (int64_t g = 0; g < G; ++g) {
+        const int64_t ahead = g + kAmxDepth - 1;
+        if (ahead < G) amx_sums(w, a, K, t, r0, ahead, b[ahead % kAmxDepth], sums[ahead % kAmxDepth]);
+        __m512 s, m;
+        scales.next(s, m);
         const int32_t* s32 = sums[g % kAmxDepth];
-        for (int r = 0; r < R; ++r) {  // vnni_rows's float steps
+        for (int r = 0; r < R; ++r) {
             const int64_t blk = (r0 + r) * blocks + g;
-            const __m512 isum = _mm512_cvtepi32_ps(_mm512_load_si512(s32 + 16 * r));
-            acc[r] = _mm512_fmadd_ps(isum, _mm512_mul_ps(s, _mm512_set1_ps(a.scale[blk])), acc[r]);
-            acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(a.neg_sum[blk]), m, acc[r]);
+            acc[r] = low_step(acc[r], _mm512_load_si512(s32 + 16 * r), s, m, a.scale[blk], a.neg_sum[blk]);
         }
     }
     for (int r = 0; r < R; ++r) _mm512_storeu_ps(out[r], acc[r]);
