@@ -115,6 +115,8 @@ def build_server(args: argparse.Namespace):
         target, tokenizer, runs, drafter = load_proposer(args, method)  # runs: `auto` resolved
         lm = runtime_of(target, preallocate=not runs.cat)
         plan = None if args.no_plan or drafter is None else measured_plan(lm, drafter)
+        if plan is not None:  # what the plan's choices under load follow: worth seeing when they surprise
+            print(f"[specdec] costs timed for the batch plan: {plan}", file=sys.stderr, flush=True)
         return Loaded(lm, tokenizer, drafter, runs.label, plan)
 
     worker = DecodeWorker(load, ServerMetrics(name), name, defaults, args.max_queue,

@@ -5,7 +5,8 @@ A round of the batch costs one target forward over every sequence's block (k_s +
 C_V(sum)) plus the draft steps: step j forwards one row for each sequence that guesses at least
 j tokens (C_D(rows)). Sequence s commits E_s(k) = 1 + a_s + ... + a_s^k tokens in expectation,
 with a_s its own acceptance per judged guess so far (a prior until its rounds say more). The plan
-raises one sequence's k at a time, by whatever step gives the best rate of the batch, while that
+starts from the best k shared by all sequences, then moves one sequence's k up or down, or
+every sequence up to a level, by whatever move gives the best rate of the batch, while that
 rate grows; so plain rows (k = 0) where guessing does not pay for the rows it adds, guesses
 where it does. A sequence whose draft has fallen behind (plain rounds, or only the prompt's first
 token read: decode.batch) first pays the draft's catch-up block, a one-time cost the plan spreads
@@ -25,9 +26,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from .interface import Runtime
 from .sequence import Decoding
 
 PRIOR, PRIOR_WEIGHT = 0.6, 4.0  # acceptance assumed before a sequence's rounds, worth 4 judged guesses
+PASSES = 5  # readings of each point (measured_plan keeps the least)
 ROWS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)  # block sizes the target's cost is measured at
 DRAFT_ROWS = (1, 2, 4, 8)
 CONTEXT = 128  # positions in the cache while measuring
@@ -35,9 +38,10 @@ CONTEXT = 128  # positions in the cache while measuring
 
 def curve(points: dict[int, float]) -> Callable[[int], float]:
     """Seconds of a forward over n rows from measured points: linear between them, beyond the
-    last along the last two."""
+    last along the last two. A point above a later one is lowered to it: more rows never cost
+    less, and interference only adds time, so the higher reading is the noisy one."""
     xs = np.array(sorted(points), dtype=float)
-    ys = np.array([points[int(x)] for x in xs])
+    ys = np.minimum.accumulate(np.array([points[int(x)] for x in xs])[::-1])[::-1]
 
     def cost(n: int) -> float:
         if n <= xs[-1] or len(xs) < 2:
@@ -56,21 +60,32 @@ class Planner:
     verify: Callable[[int], float]
     draft: Callable[[int], float] | None
     catch_up: Callable[[int], float] | None = None  # the draft over a block of n rows of one sequence
+    measured: dict[str, dict[int, float]] | None = None  # measured_plan's points: seconds by rows
+
+    def __str__(self) -> str:
+        if not self.measured:
+            return "a plan from given costs"
+        return "; ".join(f"{name.replace('_', '-')} over " + "/".join(map(str, points)) + " rows "
+                         + "/".join(f"{1000 * s:.0f}" for s in points.values()) + " ms"
+                         for name, points in self.measured.items())
 
     def __call__(self, running: Sequence[Decoding], most: Sequence[int]) -> list[int]:
         alphas = [acceptance(d) for d in running]
         behind = [self._behind(d) for d in running]
-        ks = [0] * len(running)
-        best = self.rate(ks, alphas, behind)
+
+        def rate(ks: tuple[int, ...]) -> float:
+            return self.rate(ks, alphas, behind)
+
+        ks = max((_level((0,) * len(most), most, level) for level in range(max(most) + 1)), key=rate)
+        best = rate(ks)
         while True:
-            tries = [(self.rate(ks[:i] + [k] + ks[i + 1 :], alphas, behind), i, k)
-                     for i in range(len(ks)) for k in range(ks[i] + 1, most[i] + 1)]
+            tries = [(rate(t), t) for t in _moves(ks, most)]
             if not tries:
-                return ks
-            rate, i, k = max(tries)
-            if rate <= best:
-                return ks
-            ks[i], best = k, rate
+                return list(ks)
+            got, t = max(tries, key=lambda x: x[0])
+            if got <= best:
+                return list(ks)
+            ks, best = t, got
 
     def rate(self, ks: Sequence[int], alphas: Sequence[float], behind: Sequence[float] | None = None) -> float:
         """Expected tokens per second of a round in which sequence s guesses ks[s]; behind[s]:
@@ -91,6 +106,24 @@ class Planner:
         return self.catch_up(lag) / left
 
 
+def _level(ks: tuple[int, ...], most: Sequence[int], level: int) -> tuple[int, ...]:
+    """Every sequence raised to guess at least `level` tokens (within its most)."""
+    return tuple(max(k, min(level, m)) for k, m in zip(ks, most))
+
+
+def _moves(ks: tuple[int, ...], most: Sequence[int]) -> list[tuple[int, ...]]:
+    """The plans one move from ks: one sequence's k raised (by any step) or lowered by one, or
+    every sequence raised to a level. The last matters because a draft step costs about the
+    same over 1 lane as over 8: one sequence's first guess rarely pays for the step alone, a
+    guess from each of them does (4 sequences at 75% acceptance on the AMX Xeon: one k=1 lost,
+    k=1 for all four gained 22%)."""
+    moves = {ks[:i] + (k,) + ks[i + 1 :] for i in range(len(ks)) for k in range(ks[i] + 1, most[i] + 1)}
+    moves |= {ks[:i] + (ks[i] - 1,) + ks[i + 1 :] for i in range(len(ks)) if ks[i]}
+    moves |= {_level(ks, most, level) for level in range(1, max(most) + 1)}
+    moves.discard(ks)
+    return sorted(moves)
+
+
 def acceptance(d: Decoding) -> float:
     """The sequence's acceptance per judged guess, with the prior's weight added."""
     s = d.stats
@@ -106,41 +139,51 @@ def _lag(d) -> int:
 def measured_plan(target, drafter) -> Planner:
     """A Planner from forwards timed here: the target over ROWS rows and the draft (if the
     proposer has one) over DRAFT_ROWS lanes and over a block of ROWS rows (its catch-up), after
-    CONTEXT positions, the least of 5 each (interference only adds time; a median of 3 read
-    1 row at 38 ms and then 26 ms on one quiet Zen 4)."""
-    verify = curve(_timed(target, ROWS, last_only=False))
+    CONTEXT positions (_timed)."""
     draft_lm = getattr(drafter, "draft_lm", None)
-    if draft_lm is None:
-        return Planner(verify, None)
-    return Planner(verify, curve(_timed(draft_lm, DRAFT_ROWS, last_only=True)),
-                   curve(_timed(draft_lm, ROWS, last_only=False)))
+    probes = {"verify": (target, ROWS, False)}
+    if draft_lm is not None:
+        probes |= {"draft": (draft_lm, DRAFT_ROWS, True), "catch_up": (draft_lm, ROWS, False)}
+    measured = _timed(probes)
+    costs = {name: curve(points) for name, points in measured.items()}
+    return Planner(costs["verify"], costs.get("draft"), costs.get("catch_up"), measured)
 
 
 @torch.inference_mode()
-def _timed(lm, rows: Sequence[int], last_only: bool) -> dict[int, float]:
-    """Seconds of a forward over n rows (the least of 5): n lanes of one row each with
-    `last_only` (a draft step carries one row per sequence), else one block of n rows (a
-    batch's blocks cost what one block of their rows costs: the weights are read once)."""
+def _timed(probes: dict[str, tuple[Runtime, Sequence[int], bool]]) -> dict[str, dict[int, float]]:
+    """Seconds of a forward over n rows for each probe (lm, rows, last_only): n lanes of one row
+    each with `last_only` (a draft step carries one row per sequence), else one block of n rows
+    (a batch's blocks cost what one block of their rows costs: the weights are read once).
+    After a pass that warms up (the first forwards after a load ran 20-50% slower on the AMX
+    Xeon), PASSES passes each time every probe at every n once; a point is its least reading:
+    interference only adds time, and a burst of it then lifts one pass's readings instead of
+    every reading of the points timed during it (on a noisy VM, timing each point's repeats
+    back to back moved the plan's 16-row cost by 20-40% between starts)."""
     from .batch import forward_blocks
 
-    lanes = [lm.lane(CONTEXT + 64) for _ in range(max(rows) if last_only else 1)]
-    context = torch.arange(1, CONTEXT + 1) % lm.vocab_size
-    for lane in lanes:
-        lane.prefill(context)
-    forward_blocks([(lanes[0], context[:1], last_only)])  # one-time costs (kernel choice) before timing
-    lanes[0].trim(CONTEXT)
-    out = {}
-    for n in rows:
-        blocks = ([(lane, context[:1], True) for lane in lanes[:n]] if last_only
-                  else [(lanes[0], context[:n], False)])
-        seconds = []
-        for _ in range(5):
-            start = time.perf_counter()
-            forward_blocks(blocks)
-            seconds.append(time.perf_counter() - start)
-            for lane, _, _ in blocks:
-                lane.trim(CONTEXT)
-        out[n] = min(seconds)
-    for lane in lanes:
-        lane.release()
-    return out
+    timed, lanes = [], []
+    try:
+        for name, (lm, rows, last_only) in probes.items():
+            own = [lm.lane(CONTEXT + 64) for _ in range(max(rows) if last_only else 1)]
+            lanes += own
+            context = torch.arange(1, CONTEXT + 1) % lm.vocab_size
+            for lane in own:
+                lane.prefill(context)
+            timed += [(name, n, [(lane, context[:1], True) for lane in own[:n]] if last_only
+                       else [(own[0], context[:n], False)]) for n in rows]
+        readings: dict[tuple[str, int], list[float]] = {(name, n): [] for name, n, _ in timed}
+        for at in range(PASSES + 1):
+            for name, n, blocks in timed:
+                start = time.perf_counter()
+                forward_blocks(blocks)
+                if at:  # the first pass warms up
+                    readings[name, n].append(time.perf_counter() - start)
+                for lane, _, _ in blocks:
+                    lane.trim(CONTEXT)
+    finally:
+        for lane in lanes:
+            lane.release()
+    least: dict[str, dict[int, float]] = {name: {} for name in probes}
+    for (name, n), seconds in readings.items():
+        least[name][n] = min(seconds)
+    return least
