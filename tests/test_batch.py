@@ -132,8 +132,10 @@ def test_under_a_plan_the_draft_reads_the_prompt_only_when_its_sequence_first_gu
         batch = Batch(target, drafter, plan)
         started = [batch.add(p, Options(20, eos_token_id=[])) for p in prompts]
         assert started[0].draft_lm.length == len(prompts[0])  # alone: the whole prompt
+        while batch.joining:  # the others' prompts ride in the first one's rounds
+            assert all(error is None for _, error in batch.step())
         assert all(d.draft_lm.length == 1 for d in started[1:])  # the prompt's first token alone
-        while batch.running:
+        while batch.sequences:
             assert all(error is None for _, error in batch.step())
         results = [d.result() for d in started]
         assert [r.new_tokens for r in results] == want
@@ -164,6 +166,56 @@ def test_sequences_join_and_leave_between_rounds(models):
     assert sorted(finished) == [0, 1, 3, 4]
     assert all(finished[i] == want[i] for i in finished)
     assert started[2].lm.length == 0  # released
+
+
+@pytest.mark.parametrize("method", ["plain", "draft"])
+def test_a_prompt_that_joins_is_forwarded_in_chunks_inside_the_running_rounds(models, method):
+    """A 50-token prompt added beside a running sequence (with a plan, where a draft guesses):
+    each round forwards a chunk of its rows in the same target forward as the running
+    sequence's block (filling it up to JOIN_ROWS rows), while the running sequence commits
+    tokens; its first token comes with the round that forwards the prompt's end, and both
+    outputs equal each prompt alone. A joiner removed mid-prompt frees its lanes; without
+    chunked prefill a sequence added beside others is prefilled at once."""
+    from specdec.decode.batch import JOIN_ROWS
+
+    target, draft = models
+    drafter = DraftModel(draft, k=3) if method == "draft" else None
+    plan = (lambda running, most: [min(1, m) for m in most]) if drafter is not None else None
+    prompts = [sequence(7, seed=21), sequence(50, seed=22)]
+    want = [generate(target, p, drafter=drafter, max_new_tokens=30, eos_token_id=[]).new_tokens for p in prompts]
+    held = target.pool.held()
+    batch = Batch(target, drafter, plan)
+    first = batch.add(prompts[0], Options(30, eos_token_id=[]))
+    assert first.new == 1 and batch.running == [first]
+    joiner = batch.add(prompts[1], Options(30, eos_token_id=[]))
+    assert joiner.lm.length == 0 and batch.joining == {joiner: 0} and batch.sequences == [first, joiner]
+    lengths = [0]
+    while joiner not in batch.running:
+        before = first.new
+        assert joiner.new == 0 and all(error is None for _, error in batch.step())
+        assert first.new > before  # the running sequence decoded in every round of the prefill
+        lengths.append(joiner.lm.length)
+    steps = [b - a for a, b in zip(lengths, lengths[1:])]
+    assert lengths[-1] == 50 and joiner.new == 1 and len(steps) == 4
+    assert all(JOIN_ROWS // 4 <= n < JOIN_ROWS for n in steps[:-1]), steps  # beside the running block
+    if drafter is not None:
+        assert joiner.draft_lm.length == 1  # the prompt's first token: the rest with its first guesses
+    while batch.sequences:
+        assert all(error is None for _, error in batch.step())
+    assert [first.result().new_tokens, joiner.result().new_tokens] == want
+    batch.add(prompts[0], Options(30, eos_token_id=[]))
+    leaving = batch.add(prompts[1], Options(30, eos_token_id=[]))
+    batch.step()
+    assert 0 < leaving.lm.length < JOIN_ROWS
+    batch.remove(leaving)
+    assert leaving.lm.length == 0 and not batch.joining and len(batch.running) == 1
+    batch.remove(batch.running[0])
+    assert target.pool.held() == held
+    apart = Batch(target, drafter, plan, chunked_prefill=False)  # serve --no-chunked-prefill
+    apart.add(prompts[0], Options(30, eos_token_id=[]))
+    assert apart.add(prompts[1], Options(30, eos_token_id=[])).new == 1 and not apart.joining
+    for d in apart.sequences:
+        apart.remove(d)
 
 
 def test_batched_sampling_keeps_the_targets_distribution(models):

@@ -38,6 +38,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "position); a request that does not fit waits for one to end")
     s.add_argument("--no-plan", action="store_true",
                    help="guess the proposer's k every round instead of the cost model's choice per request")
+    s.add_argument("--no-chunked-prefill", action="store_true",
+                   help="prefill a request that arrives while others decode alone, their rounds waiting for it, "
+                        "instead of in chunks inside their rounds")
     s.add_argument("--max-queue", type=int, default=16,
                    help="requests that may wait while others decode; more get 503 with Retry-After (default 16)")
     s.add_argument("--max-body-bytes", type=int, default=8 << 20,
@@ -120,6 +123,6 @@ def build_server(args: argparse.Namespace):
         return Loaded(lm, tokenizer, drafter, runs.label, plan)
 
     worker = DecodeWorker(load, ServerMetrics(name), name, defaults, args.max_queue,
-                          limits=Limits(args.max_sequences, args.kv_tokens))
+                          limits=Limits(args.max_sequences, args.kv_tokens, not args.no_chunked_prefill))
     settings = Settings(api_key=server_key(args), max_body_bytes=args.max_body_bytes)
     return build(worker, settings, args.host, args.port, args.log_level), worker

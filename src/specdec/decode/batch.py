@@ -1,8 +1,10 @@
 """Several sequences decoded together (continuous batching). Every round each running sequence
 guesses, and the guessing steps of all of them run as one draft forward per step; then one
 target forward scores every sequence's block; then each sequence accepts, commits and trims on
-its own (decode.sequence, the same code as one sequence alone). Sequences join after their
-prefill and leave when they end, between rounds.
+its own (decode.sequence, the same code as one sequence alone). Sequences join between rounds
+and leave when they end. A sequence that arrives while others run has its prompt forwarded in
+chunks of JOIN_ROWS rows inside their rounds' target forwards (where the lanes share one, on the
+native runtime): the rounds go on while it prefills, instead of waiting seconds for its prompt.
 
 Each sequence decodes on its own lane of the models (Runtime.lane: its own cache, the same
 weights). On the native runtime the lanes of a model share one forward (NativeLM.forward_lanes)
@@ -25,12 +27,19 @@ import torch
 from ..errors import SpecdecError
 from .interface import Runtime
 from .proposal import Drafting, Proposal, Proposer
+from .rows import PREFILL_CHUNK
 from .sequence import Decoding, GenerationResult, Options
 
 Block = tuple[Runtime, torch.Tensor, bool]  # (lane, tokens, last_only)
 # plan(sequences, most): how many tokens each running sequence guesses this round, each at most
 # `most[i]` (its proposer's k within its room).
 Plan = Callable[[Sequence[Decoding], Sequence[int]], list[int]]
+# Rows a round's target forward is filled up to with joining prompts' rows (at least a quarter
+# of it, however many the running blocks take). Past a few rows a forward costs about its rows'
+# compute, so a chunk is about as cheap per row as a whole-prompt prefill while the rounds it
+# rides in stay short; and the AMX path takes blocks of 16 rows: the AMX Xeon timed 16 rows at
+# 179 ms (11 ms a row, its cheapest per row of 1-32), 4 rows at 70, 24 rows at 351.
+JOIN_ROWS = 16
 
 
 def forward_blocks(blocks: Sequence[Block]) -> list[torch.Tensor]:
@@ -45,20 +54,33 @@ def forward_blocks(blocks: Sequence[Block]) -> list[torch.Tensor]:
 class Batch:
     """The sequences running on `target` with proposals from forks of `drafter` (None: plain)."""
 
-    def __init__(self, target: Runtime, drafter: Proposer | None = None, plan: Plan | None = None):
-        self.target, self.drafter, self.plan = target, drafter, plan
+    def __init__(self, target: Runtime, drafter: Proposer | None = None, plan: Plan | None = None,
+                 chunked_prefill: bool = True):
+        """`chunked_prefill` False: a sequence added beside others is prefilled alone at once."""
+        self.target, self.drafter, self.plan, self.chunked_prefill = target, drafter, plan, chunked_prefill
         self.running: list[Decoding] = []
+        self.joining: dict[Decoding, int] = {}  # sequences being prefilled: prompt rows forwarded so far
+
+    @property
+    def sequences(self) -> list[Decoding]:
+        """Every sequence the batch holds: the running ones, then those still prefilling."""
+        return [*self.running, *self.joining]
 
     def add(self, input_ids: torch.Tensor | Sequence[int], options: Options, slots: int = 256) -> Decoding:
-        """Start a sequence: prefill it (alone) and commit its first token; it joins the next
-        round unless it already ended (then its lanes are freed at once). Under a plan, a
-        sequence that joins others has its draft read the prompt only when it first guesses
-        (plain under load: never); one that starts alone guesses as its proposer says, so its
-        draft reads the prompt now, before its first token, as generate's does.
+        """Start a sequence. Alone, it is prefilled now and its first token committed; beside
+        others it joins: its prompt rides in the next rounds (see JOIN_ROWS) and its first token
+        comes with the round that forwards the prompt's end. It runs from the round after that
+        unless it already ended (then its lanes are freed at once). Under a plan, a sequence that
+        joins others has its draft read the prompt only when it first guesses (plain under load:
+        never); one that starts alone guesses as its proposer says, so its draft reads the prompt
+        now, before its first token, as generate's does.
         `slots`: the cache positions its lanes start with (they grow on demand; a server
         reserves what a request may reach, so its keys never move)."""
         drafter = self.drafter.fork(slots) if self.drafter is not None else None
         d = Decoding(self.target.lane(slots), input_ids, drafter, options)
+        if self._joins(d):
+            self.joining[d] = 0
+            return d
         try:
             d.start(prefill_draft=self.plan is None or not self.running)
         except BaseException:
@@ -70,10 +92,21 @@ class Batch:
             self.running.append(d)
         return d
 
+    def _joins(self, d: Decoding) -> bool:
+        """Whether `d` prefills inside the others' rounds: only beside running ones, where the
+        runtime forwards lanes together (its chunks then change no bits: transformers' runtime
+        prefills with another attention than a round's rows), from a fresh cache, and with a
+        draft that needs only the prompt's first token (a plan's)."""
+        return (self.chunked_prefill and bool(self.sequences) and hasattr(self.target, "forward_lanes")
+                and not d.options.reuse_prefix
+                and (d.drafter is None or self.plan is not None))
+
     def remove(self, d: Decoding) -> None:
-        """Stop a running sequence now (its client went away) and free its lanes."""
+        """Stop a sequence now (its client went away) and free its lanes."""
         if d in self.running:
             self.running.remove(d)
+            _release(d)
+        elif self.joining.pop(d, None) is not None:
             _release(d)
 
     @torch.inference_mode()
@@ -83,12 +116,14 @@ class Batch:
         running = self.running
         most = [d.guesses() for d in running]
         # One sequence alone guesses as its proposer says (the method asked for, or advised for
-        # this machine); the plan arbitrates between sequences that share the rows.
-        planned = self.plan is not None and len(running) > 1 and any(most)
+        # this machine); the plan arbitrates between sequences that share the rows, prompts
+        # being forwarded among them.
+        planned = self.plan is not None and len(self.sequences) > 1 and any(most)
         ks = self.plan(running, most) if planned else most
         proposals = self._propose(ks)
         _lap(running, "propose")
-        rows = self._score(proposals)
+        chunks = self._chunks(sum(p.tokens.numel() + 1 for p in proposals))
+        rows, prompt_rows = self._score(proposals, chunks)
         _lap(running, "verify")
         ended: list[tuple[Decoding, BaseException | None]] = []
         for d, proposal, block_rows in zip(running, proposals, rows):
@@ -98,8 +133,43 @@ class Batch:
                 ended.append((d, error))
         _lap(running, "accept")
         ended += [(d, None) for d in running if d.finished and all(d is not e for e, _ in ended)]
+        ended += self._prefilled(chunks, prompt_rows)
         for d, _ in ended:
             self.remove(d)
+        return ended
+
+    def _chunks(self, rows: int) -> list[tuple[Decoding, torch.Tensor]]:
+        """This round's prompt chunks of the joining sequences, first come first, beside the
+        running sequences' `rows` (see JOIN_ROWS); with none running, nobody waits, so whole
+        prompts (prefill's blocks)."""
+        room = max(JOIN_ROWS - rows, JOIN_ROWS // 4) if self.running else PREFILL_CHUNK
+        chunks = []
+        for d, done in self.joining.items():
+            if room <= 0:
+                break
+            chunk = d.prompt[done : done + room]
+            chunks.append((d, chunk))
+            room -= chunk.numel()
+        return chunks
+
+    def _prefilled(self, chunks: Sequence[tuple[Decoding, torch.Tensor]],
+                   rows: Sequence[torch.Tensor]) -> list[tuple[Decoding, BaseException | None]]:
+        """Advance the joining sequences by their chunks; one whose prompt is all forwarded
+        commits its first token and runs from the next round, unless that ended it (returned)."""
+        ended: list[tuple[Decoding, BaseException | None]] = []
+        for (d, chunk), last in zip(chunks, rows):
+            self.joining[d] += chunk.numel()
+            if self.joining[d] < d.prompt.numel():
+                continue
+            del self.joining[d]
+            self.running.append(d)
+            try:
+                d.begin(last, prefill_draft=False)
+            except Exception as error:  # noqa: BLE001 - one sequence fails, the others go on
+                ended.append((d, error))
+                continue
+            if d.finished:
+                ended.append((d, None))
         return ended
 
     def _propose(self, ks: Sequence[int]) -> list[Proposal]:
@@ -126,18 +196,21 @@ class Batch:
                     proposals[i] = done.value
         return proposals
 
-    def _score(self, proposals: Sequence[Proposal]) -> list[torch.Tensor]:
-        """The target's rows for every block: the chains in one forward, trees one by one."""
+    def _score(self, proposals: Sequence[Proposal], chunks: Sequence[tuple[Decoding, torch.Tensor]],
+               ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """The target's rows for every block, and each prompt chunk's last row: the chains and
+        the chunks in one forward, trees one by one."""
         rows: list[torch.Tensor | None] = [None] * len(proposals)
         chains = [i for i, p in enumerate(proposals) if p.parents is None]
-        together = forward_blocks([(self.running[i].lm, self.running[i].block(proposals[i]), False)
-                                   for i in chains]) if chains else []
+        blocks = [(self.running[i].lm, self.running[i].block(proposals[i]), False) for i in chains]
+        blocks += [(d.lm, chunk, True) for d, chunk in chunks]
+        together = forward_blocks(blocks) if blocks else []
         for i, got in zip(chains, together):
             rows[i] = got
         for i, p in enumerate(proposals):
             if p.parents is not None:
                 rows[i] = self.running[i].score(p)
-        return rows
+        return rows, together[len(chains):]
 
 
 def decode_together(target: Runtime, prompts: Sequence[torch.Tensor | Sequence[int]], drafter: Proposer | None,
@@ -154,12 +227,12 @@ def decode_together(target: Runtime, prompts: Sequence[torch.Tensor | Sequence[i
         for i, prompt in enumerate(prompts):
             seed = None if options.seed is None else options.seed + i
             started.append(batch.add(prompt, replace(options, seed=seed)))
-        while batch.running:
+        while batch.sequences:
             for _, error in batch.step():
                 if error is not None:
                     raise error
     finally:
-        for d in list(batch.running):
+        for d in batch.sequences:
             batch.remove(d)
     return [d.result() for d in started]
 

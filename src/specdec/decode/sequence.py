@@ -106,11 +106,16 @@ class Decoding:
         `prefill_draft` False: the draft sees only the prompt's first token now and the rest with
         its first guesses (every drafting feeds what the draft has not seen), so a sequence that
         a batch's plan keeps plain never pays the draft's prefill."""
-        reuse = self.options.reuse_prefix
-        last = self.lm.prefill(self.prompt, reuse=reuse)[-1:]
+        self.begin(self.lm.prefill(self.prompt, reuse=self.options.reuse_prefix)[-1:], prefill_draft)
+
+    def begin(self, last: torch.Tensor, prefill_draft: bool = True) -> None:
+        """Commit the target's first token from `last`, the prompt's last logits row [1, vocab],
+        once the target's cache holds the prompt (start's prefill, or a batch that forwarded it
+        in chunks beside other sequences' rounds); the draft starts as start says."""
         first = pick(last[0], self.cfg, self.generator)
         if self.drafter is not None:
-            self.drafter.begin(self.prompt if prefill_draft else self.prompt[:1], self.lm.vocab_size, reuse=reuse)
+            self.drafter.begin(self.prompt if prefill_draft else self.prompt[:1], self.lm.vocab_size,
+                               reuse=self.options.reuse_prefix)
         self.clock.lap("prefill")
         zero = torch.zeros((), dtype=torch.long, device=self.lm.device)
         self._commit(self.seq[:0], zero, first, zero.view(1), last)

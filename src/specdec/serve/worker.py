@@ -1,8 +1,8 @@
 """The decode worker: one thread that loads the models, owns them, and decodes the queued
-requests together (continuous batching, decode.batch): requests join the running batch after
-their prefill, up to --max-sequences at once and within the K/V budget (--kv-tokens positions
-held together, a request reserving its prompt, its max_tokens and a round's guesses), and leave
-at their end, between rounds. Each round, every running request guesses as many tokens as the
+requests together (continuous batching, decode.batch): requests join the batch between rounds,
+up to --max-sequences at once and within the K/V budget (--kv-tokens positions held together, a
+request reserving its prompt, its max_tokens and a round's guesses; a prompt that arrives while
+others run is forwarded in chunks inside their rounds), and leave at their end. Each round, every running request guesses as many tokens as the
 cost model finds worth it for the block the whole batch verifies (decode.plan).
 
 Requests wait in a bounded queue (full: 503 with Retry-After). The worker talks to the HTTP side
@@ -45,10 +45,13 @@ class Loaded:
 @dataclass(frozen=True)
 class Limits:
     """How many requests decode at once and how many positions their K/V caches may hold
-    together (each request reserves prompt + max_tokens + its guesses)."""
+    together (each request reserves prompt + max_tokens + its guesses); whether a request that
+    arrives while others decode has its prompt forwarded in chunks inside their rounds (False:
+    alone, the rounds waiting)."""
 
     sequences: int = 8
     kv_tokens: int = 32768
+    chunked_prefill: bool = True
 
 
 class DecodeWorker:
@@ -154,13 +157,13 @@ class DecodeWorker:
               f"once, {self.limits.kv_tokens} K/V positions)", file=sys.stderr, flush=True)
         from ..decode.batch import Batch
 
-        batch = Batch(self.loaded.lm, self.loaded.drafter, self.loaded.plan)
+        batch = Batch(self.loaded.lm, self.loaded.drafter, self.loaded.plan, self.limits.chunked_prefill)
         while True:
             if not self._admit(batch):
                 break
-            if batch.running:
+            if batch.sequences:
                 self._round(batch)
-        for d in list(batch.running):  # stopping: what runs ends now, counted as cancelled
+        for d in batch.sequences:  # stopping: what runs ends now, counted as cancelled
             batch.remove(d)
             self._decoding.pop(d).finish(d.result("stopped"), self.loaded.method)
         if self._held is not None:
@@ -186,7 +189,7 @@ class DecodeWorker:
             job = self._held
             if job is None:
                 try:
-                    job = self._queue.get(block=not batch.running)
+                    job = self._queue.get(block=not batch.sequences)
                 except queue.Empty:
                     return True
                 if job is None:
@@ -197,7 +200,7 @@ class DecodeWorker:
                 self.metrics.ended("cancelled", 0, 0, None)
                 job.put(Finished("", "cancelled", usage(0, 0), {}))
                 continue
-            if batch.running and not self._room_for(job):
+            if batch.sequences and not self._room_for(job):
                 self._held = job  # it starts when a running request leaves
                 return True
             self._held = None
@@ -237,7 +240,7 @@ class DecodeWorker:
         try:
             ended = batch.step()
         except Exception as e:  # noqa: BLE001 - a round failed as a whole: its requests fail, the server goes on
-            ended = [(d, e) for d in list(batch.running)]
+            ended = [(d, e) for d in batch.sequences]
             for d, _ in ended:
                 batch.remove(d)
         for d, error in ended:
