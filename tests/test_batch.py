@@ -110,14 +110,16 @@ def test_a_batch_decodes_each_prompt_as_it_decodes_alone(models, method):
     assert [r.finish_reason for r in ended] == [r.finish_reason for r in first]
 
 
+@pytest.mark.parametrize("round_rows", [0, 16])
 @pytest.mark.parametrize("method", ["draft", "conf", "hybrid", "tree"])
-def test_under_a_plan_the_draft_reads_the_prompt_only_when_its_sequence_first_guesses(models, method):
+def test_under_a_plan_the_draft_reads_the_prompt_only_when_its_sequence_first_guesses(models, method, round_rows):
     """A batch with a plan prefills the draft of a sequence that joins others with the prompt's
     first token only: a plan that keeps every sequence plain never runs the draft past that; one
     that turns guessing on after some plain rounds feeds the draft everything it missed in its
     first guessing round. The first sequence, which starts alone (and would guess as its
     proposer says), has its draft read the whole prompt at once, as generate's does. Outputs
-    equal each prompt alone either way."""
+    equal each prompt alone either way, whether the others' prompts are prefilled alone or ride
+    in the first one's rounds (round_rows)."""
     target, draft = models
     drafter = _proposers(draft)[method]
     prompts = [torch.cat([sequence(n, seed=n), sequence(6, seed=1)]) for n in (3, 17, 9)]
@@ -129,9 +131,10 @@ def test_under_a_plan_the_draft_reads_the_prompt_only_when_its_sequence_first_gu
         return [0] * len(running) if len(rounds) <= 5 else list(most)
 
     for plan, guessed in ((lambda running, most: [0] * len(running), False), (plain_then_guess, True)):
-        batch = Batch(target, drafter, plan)
+        batch = Batch(target, drafter, plan, round_rows)
         started = [batch.add(p, Options(20, eos_token_id=[])) for p in prompts]
         assert started[0].draft_lm.length == len(prompts[0])  # alone: the whole prompt
+        assert bool(batch.joining) == (round_rows > 0)
         while batch.joining:  # the others' prompts ride in the first one's rounds
             assert all(error is None for _, error in batch.step())
         assert all(d.draft_lm.length == 1 for d in started[1:])  # the prompt's first token alone
@@ -172,19 +175,18 @@ def test_sequences_join_and_leave_between_rounds(models):
 def test_a_prompt_that_joins_is_forwarded_in_chunks_inside_the_running_rounds(models, method):
     """A 50-token prompt added beside a running sequence (with a plan, where a draft guesses):
     each round forwards a chunk of its rows in the same target forward as the running
-    sequence's block (filling it up to JOIN_ROWS rows), while the running sequence commits
+    sequence's block (filling it up to round_rows=16 rows), while the running sequence commits
     tokens; its first token comes with the round that forwards the prompt's end, and both
     outputs equal each prompt alone. A joiner removed mid-prompt frees its lanes; without
-    chunked prefill a sequence added beside others is prefilled at once."""
-    from specdec.decode.batch import JOIN_ROWS
-
+    round_rows (the default) a sequence added beside others is prefilled at once."""
+    rows = 16
     target, draft = models
     drafter = DraftModel(draft, k=3) if method == "draft" else None
     plan = (lambda running, most: [min(1, m) for m in most]) if drafter is not None else None
     prompts = [sequence(7, seed=21), sequence(50, seed=22)]
     want = [generate(target, p, drafter=drafter, max_new_tokens=30, eos_token_id=[]).new_tokens for p in prompts]
     held = target.pool.held()
-    batch = Batch(target, drafter, plan)
+    batch = Batch(target, drafter, plan, round_rows=rows)
     first = batch.add(prompts[0], Options(30, eos_token_id=[]))
     assert first.new == 1 and batch.running == [first]
     joiner = batch.add(prompts[1], Options(30, eos_token_id=[]))
@@ -197,7 +199,7 @@ def test_a_prompt_that_joins_is_forwarded_in_chunks_inside_the_running_rounds(mo
         lengths.append(joiner.lm.length)
     steps = [b - a for a, b in zip(lengths, lengths[1:])]
     assert lengths[-1] == 50 and joiner.new == 1 and len(steps) == 4
-    assert all(JOIN_ROWS // 4 <= n < JOIN_ROWS for n in steps[:-1]), steps  # beside the running block
+    assert all(rows // 4 <= n < rows for n in steps[:-1]), steps  # beside the running block
     if drafter is not None:
         assert joiner.draft_lm.length == 1  # the prompt's first token: the rest with its first guesses
     while batch.sequences:
@@ -206,12 +208,12 @@ def test_a_prompt_that_joins_is_forwarded_in_chunks_inside_the_running_rounds(mo
     batch.add(prompts[0], Options(30, eos_token_id=[]))
     leaving = batch.add(prompts[1], Options(30, eos_token_id=[]))
     batch.step()
-    assert 0 < leaving.lm.length < JOIN_ROWS
+    assert 0 < leaving.lm.length < rows
     batch.remove(leaving)
     assert leaving.lm.length == 0 and not batch.joining and len(batch.running) == 1
     batch.remove(batch.running[0])
     assert target.pool.held() == held
-    apart = Batch(target, drafter, plan, chunked_prefill=False)  # serve --no-chunked-prefill
+    apart = Batch(target, drafter, plan)  # the default: serve without --round-rows
     apart.add(prompts[0], Options(30, eos_token_id=[]))
     assert apart.add(prompts[1], Options(30, eos_token_id=[])).new == 1 and not apart.joining
     for d in apart.sequences:

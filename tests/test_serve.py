@@ -439,13 +439,15 @@ def test_soak_some_cancelled(served):
 
 
 
-def test_concurrent_requests_decode_together_each_as_alone(folders, monkeypatch):
+@pytest.mark.parametrize("round_rows", ["0", "16"])
+def test_concurrent_requests_decode_together_each_as_alone(folders, monkeypatch, round_rows):
     """Six greedy requests (different prompts and lengths, chat and completions) sent at once to
-    a server that decodes up to 3 together: each answer equals the same request sent alone, and
-    the batch ran 3 sequences at once (it batched, within --max-sequences), never more."""
+    a server that decodes up to 3 together, arriving prompts prefilled alone or in chunks inside
+    the running rounds (--round-rows): each answer equals the same request sent alone, and the
+    batch ran 3 sequences at once (it batched, within --max-sequences), never more."""
     from specdec.decode.batch import Batch
 
-    running = start(folders, "--max-sequences", "3")
+    running = start(folders, "--max-sequences", "3", "--round-rows", round_rows)
     sizes: list[int] = []
     step = Batch.step
     monkeypatch.setattr(Batch, "step", lambda self: sizes.append(len(self.running)) or step(self))

@@ -77,6 +77,23 @@ def test_warning_beyond_loopback_without_a_key():
     assert "without an API key" in host_warning("192.168.1.5", None)
 
 
+def test_round_rows_option():
+    """--round-rows N fills rounds to N rows (default 0: no chunked prefill), and a negative N
+    is refused before any model loads."""
+    import argparse
+
+    from specdec.cli.serve import build_server, register
+    from specdec.errors import SpecdecError
+
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    rows = [parser.parse_args(["serve", *extra]).round_rows
+            for extra in ([], ["--round-rows", "64"])]
+    assert rows == [0, 64]
+    with pytest.raises(SpecdecError, match="--round-rows must be >= 0"):
+        build_server(parser.parse_args(["serve", "--round-rows", "-1"]))
+
+
 def test_command_module_is_light():
     code = ("import sys, specdec.cli.serve; "
             "print(sorted(m for m in ('starlette', 'uvicorn', 'specdec.serve.app') if m in sys.modules))")

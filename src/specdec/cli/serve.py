@@ -38,9 +38,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "position); a request that does not fit waits for one to end")
     s.add_argument("--no-plan", action="store_true",
                    help="guess the proposer's k every round instead of the cost model's choice per request")
-    s.add_argument("--no-chunked-prefill", action="store_true",
-                   help="prefill a request that arrives while others decode alone, their rounds waiting for it, "
-                        "instead of in chunks inside their rounds")
+    s.add_argument("--round-rows", type=int, default=0, metavar="N",
+                   help="chunked prefill: a request that arrives while others decode has its prompt forwarded "
+                        "inside their rounds, each round's target forward filled up to N rows (at least N/4 of "
+                        "prompt), so their tokens keep coming; its first token comes later (default 0: its "
+                        "prompt prefilled alone, their rounds waiting; 16 suits AMX's 16-row tiles)")
     s.add_argument("--max-queue", type=int, default=16,
                    help="requests that may wait while others decode; more get 503 with Retry-After (default 16)")
     s.add_argument("--max-body-bytes", type=int, default=8 << 20,
@@ -106,6 +108,8 @@ def build_server(args: argparse.Namespace):
     from .args import load_proposer, method_of
 
     at_least_one(args, "max_new_tokens", "max_queue", "max_body_bytes", "max_sequences", "kv_tokens")
+    if args.round_rows < 0:
+        raise SpecdecError(f"--round-rows must be >= 0 (0: no chunked prefill), got {args.round_rows}")
     if not 0 <= args.port <= 65535:
         raise SpecdecError(f"--port must be in 0..65535, got {args.port}")
     SamplingConfig(args.temperature, args.top_k, args.top_p)  # the defaults' one-line errors, before loading
@@ -123,6 +127,6 @@ def build_server(args: argparse.Namespace):
         return Loaded(lm, tokenizer, drafter, runs.label, plan)
 
     worker = DecodeWorker(load, ServerMetrics(name), name, defaults, args.max_queue,
-                          limits=Limits(args.max_sequences, args.kv_tokens, not args.no_chunked_prefill))
+                          limits=Limits(args.max_sequences, args.kv_tokens, args.round_rows))
     settings = Settings(api_key=server_key(args), max_body_bytes=args.max_body_bytes)
     return build(worker, settings, args.host, args.port, args.log_level), worker

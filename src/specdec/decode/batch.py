@@ -3,7 +3,7 @@ guesses, and the guessing steps of all of them run as one draft forward per step
 target forward scores every sequence's block; then each sequence accepts, commits and trims on
 its own (decode.sequence, the same code as one sequence alone). Sequences join between rounds
 and leave when they end. A sequence that arrives while others run has its prompt forwarded in
-chunks of JOIN_ROWS rows inside their rounds' target forwards (where the lanes share one, on the
+chunks inside their rounds' target forwards (where the lanes share one, on the
 native runtime): the rounds go on while it prefills, instead of waiting seconds for its prompt.
 
 Each sequence decodes on its own lane of the models (Runtime.lane: its own cache, the same
@@ -34,12 +34,6 @@ Block = tuple[Runtime, torch.Tensor, bool]  # (lane, tokens, last_only)
 # plan(sequences, most): how many tokens each running sequence guesses this round, each at most
 # `most[i]` (its proposer's k within its room).
 Plan = Callable[[Sequence[Decoding], Sequence[int]], list[int]]
-# Rows a round's target forward is filled up to with joining prompts' rows (at least a quarter
-# of it, however many the running blocks take). Past a few rows a forward costs about its rows'
-# compute, so a chunk is about as cheap per row as a whole-prompt prefill while the rounds it
-# rides in stay short; and the AMX path takes blocks of 16 rows: the AMX Xeon timed 16 rows at
-# 179 ms (11 ms a row, its cheapest per row of 1-32), 4 rows at 70, 24 rows at 351.
-JOIN_ROWS = 16
 
 
 def forward_blocks(blocks: Sequence[Block]) -> list[torch.Tensor]:
@@ -55,9 +49,14 @@ class Batch:
     """The sequences running on `target` with proposals from forks of `drafter` (None: plain)."""
 
     def __init__(self, target: Runtime, drafter: Proposer | None = None, plan: Plan | None = None,
-                 chunked_prefill: bool = True):
-        """`chunked_prefill` False: a sequence added beside others is prefilled alone at once."""
-        self.target, self.drafter, self.plan, self.chunked_prefill = target, drafter, plan, chunked_prefill
+                 round_rows: int = 0):
+        """`round_rows`: the rows a round's target forward is filled up to with the prompts of
+        sequences that join (at least a quarter of them, however many the running blocks take;
+        vLLM's token budget per step); 0: a sequence added beside others is prefilled alone at
+        once. Chunks keep the running sequences' tokens coming while a prompt is forwarded, at
+        the price of the joiner's first token and, when requests arrive together, of the work
+        in all (docs/batching.md has the measurements), so they are asked for, not the default."""
+        self.target, self.drafter, self.plan, self.round_rows = target, drafter, plan, round_rows
         self.running: list[Decoding] = []
         self.joining: dict[Decoding, int] = {}  # sequences being prefilled: prompt rows forwarded so far
 
@@ -68,7 +67,7 @@ class Batch:
 
     def add(self, input_ids: torch.Tensor | Sequence[int], options: Options, slots: int = 256) -> Decoding:
         """Start a sequence. Alone, it is prefilled now and its first token committed; beside
-        others it joins: its prompt rides in the next rounds (see JOIN_ROWS) and its first token
+        others it joins (with round_rows): its prompt rides in the next rounds (round_rows) and its first token
         comes with the round that forwards the prompt's end. It runs from the round after that
         unless it already ended (then its lanes are freed at once). Under a plan, a sequence that
         joins others has its draft read the prompt only when it first guesses (plain under load:
@@ -97,7 +96,7 @@ class Batch:
         runtime forwards lanes together (its chunks then change no bits: transformers' runtime
         prefills with another attention than a round's rows), from a fresh cache, and with a
         draft that needs only the prompt's first token (a plan's)."""
-        return (self.chunked_prefill and bool(self.sequences) and hasattr(self.target, "forward_lanes")
+        return (self.round_rows > 0 and bool(self.sequences) and hasattr(self.target, "forward_lanes")
                 and not d.options.reuse_prefix
                 and (d.drafter is None or self.plan is not None))
 
@@ -140,9 +139,9 @@ class Batch:
 
     def _chunks(self, rows: int) -> list[tuple[Decoding, torch.Tensor]]:
         """This round's prompt chunks of the joining sequences, first come first, beside the
-        running sequences' `rows` (see JOIN_ROWS); with none running, nobody waits, so whole
-        prompts (prefill's blocks)."""
-        room = max(JOIN_ROWS - rows, JOIN_ROWS // 4) if self.running else PREFILL_CHUNK
+        running sequences' `rows` (up to round_rows, at least a quarter of it); with none running,
+        nobody waits, so whole prompts (prefill's blocks)."""
+        room = max(self.round_rows - rows, self.round_rows // 4) if self.running else PREFILL_CHUNK
         chunks = []
         for d, done in self.joining.items():
             if room <= 0:

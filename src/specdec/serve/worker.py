@@ -45,13 +45,13 @@ class Loaded:
 @dataclass(frozen=True)
 class Limits:
     """How many requests decode at once and how many positions their K/V caches may hold
-    together (each request reserves prompt + max_tokens + its guesses); whether a request that
-    arrives while others decode has its prompt forwarded in chunks inside their rounds (False:
-    alone, the rounds waiting)."""
+    together (each request reserves prompt + max_tokens + its guesses); the rows a round's target
+    forward is filled up to with the prompts of requests that arrive while others decode (0:
+    each such prompt prefilled alone, the rounds waiting)."""
 
     sequences: int = 8
     kv_tokens: int = 32768
-    chunked_prefill: bool = True
+    round_rows: int = 0
 
 
 class DecodeWorker:
@@ -157,7 +157,7 @@ class DecodeWorker:
               f"once, {self.limits.kv_tokens} K/V positions)", file=sys.stderr, flush=True)
         from ..decode.batch import Batch
 
-        batch = Batch(self.loaded.lm, self.loaded.drafter, self.loaded.plan, self.limits.chunked_prefill)
+        batch = Batch(self.loaded.lm, self.loaded.drafter, self.loaded.plan, self.limits.round_rows)
         while True:
             if not self._admit(batch):
                 break
