@@ -327,6 +327,36 @@ def test_bench_endpoints_with_vllm_counters_and_concurrency(tmp_path, tiny_token
     assert config["environment"]["endpoint_urls"]["spec"] == f"{spec.url}/v1/completions"
 
 
+def test_arrival_offsets_are_poisson_times_the_same_for_every_wave():
+    """A wave's send times: all 0 without a gap; with one, 0 first, then increasing, the same on
+    every call (the methods' waves stay paired), with gaps of the asked mean (2,000 gaps: their
+    mean's standard error is 2.2% of it; 10% allowed)."""
+    from specdec.bench.endpoint import arrival_offsets
+
+    assert arrival_offsets(4, 0.0) == [0.0] * 4 and arrival_offsets(1, 2.0) == [0.0]
+    times = arrival_offsets(2001, 0.5)
+    assert times == arrival_offsets(2001, 0.5) and times[0] == 0.0
+    gaps = np.diff(times)
+    assert (gaps > 0).all() and abs(gaps.mean() - 0.5) < 0.05
+    assert arrival_offsets(3, 0.5) == times[:3]  # a wave's first arrivals do not depend on its size
+
+
+def test_bench_spaces_a_waves_requests_by_the_arrival_gap(tmp_path, tiny_tokenizer, prompts_file):
+    """--arrival-gap 0.3 at concurrency 2: each wave's second request goes out at the second
+    arrival time, not with the first; the config and the report say how requests were sent."""
+    from specdec.bench.endpoint import arrival_offsets
+
+    with FakeServer() as plain:
+        assert bench(tmp_path / "run", f"plain={plain.url}", extra=("--concurrency", "2", "--arrival-gap", "0.3")) == 0
+    rows = read_rows(tmp_path / "run")
+    second = arrival_offsets(2, 0.3)[1]
+    for first, later in zip(rows[::2], rows[1::2]):
+        assert first["sent_s"] < 0.05 and second <= later["sent_s"] < second + 0.25
+        assert first["wave_s"] >= later["sent_s"] + later["prefill_s"] + later["decode_s"]
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["arrival_gap_s"] == 0.3
+    assert "## Under load: 2 requests sent with exponential gaps of mean 0.3 s" in (tmp_path / "run" / "report.md").read_text()
+
+
 def test_bench_explains_a_difference_between_servers_by_the_baselines_gap(tmp_path, tiny_tokenizer, prompts_file):
     with FakeServer() as plain, FakeServer(part_at=2) as other:
         assert bench(tmp_path / "run", f"plain={plain.url}", f"other={other.url}", extra=("--baseline", "plain")) == 0
@@ -488,6 +518,8 @@ def test_bench_refuses_a_server_that_is_down_or_not_openai_before_any_row(tmp_pa
 @pytest.mark.parametrize("extra, message", [
     (("--baseline", "x"), "not one of the endpoints"),
     (("--methods", "ar", "--concurrency", "2"), "--concurrency runs endpoints only"),
+    (("--arrival-gap", "0.5"), "--arrival-gap spaces the requests of a wave"),
+    (("--concurrency", "2", "--arrival-gap", "-1"), "give it >= 0 seconds"),
 ])
 def test_bench_endpoint_arguments_are_checked(tmp_path, tiny_tokenizer, prompts_file, capsys, extra, message):
     assert bench(tmp_path / "run", "s=http://127.0.0.1:9", extra=extra) == 2

@@ -7,8 +7,8 @@ speculation: llama.cpp's `timings` (draft_n, draft_n_accepted) per request, or t
 of vLLM's /metrics counters read before and after. Where the server names no token ids the
 row's `new_tokens` is None and its `text` is what equality compares.
 
-Concurrency: `run_wave` sends one request per prompt of a wave at once, each on its own
-thread, and times each stream on its own, and the wave as a whole (wave_s: from sending to the
+Concurrency: `run_wave` sends one request per prompt of a wave, each on its own thread, all at
+once or (arrival_gap_s) one after another at Poisson times, and times each stream on its own, and the wave as a whole (wave_s: from sending to the
 last stream's end; wave_tokens: all its new tokens; wave_decode_s: the time during which at
 least one of its requests was decoding, the union of the requests' spans from first to last
 token; wave_decode_tokens: their decode tokens; each on every row of the wave, and each row's
@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+import numpy as np
 
 from ..conform.endpoints import DEFAULT_TOLERANCE, TOP_LOGPROBS, compare
 from ..decode.sampling import SamplingConfig
@@ -51,6 +52,7 @@ class EndpointSettings:
     client: str = "httpx"  # or "openai": the official client sends the requests and reads the streams
     sampling: SamplingConfig = SamplingConfig()  # greedy by default
     seed: int | None = None  # a sampled row's seed: this plus its repeat
+    arrival_gap_s: float = 0.0  # a wave's requests: 0 all at once, else arrival_offsets' mean gap
 
 
 class EndpointExecutor:
@@ -105,13 +107,18 @@ class EndpointExecutor:
         an interrupt stops it at once rather than after the request)."""
         counters = self._counters(method)
         before = counters() if counters else None
-        one = lambda ids: self.complete(method, ids, self.settings.max_new_tokens, repeat=repeat)
+        offsets = arrival_offsets(len(prompts), self.settings.arrival_gap_s)
+
+        def one(i: int) -> Streamed:
+            time.sleep(max(start + offsets[i] - time.perf_counter(), 0.0))
+            return self.complete(method, prompts[i], self.settings.max_new_tokens, repeat=repeat)
+
         start = time.perf_counter()
         if len(prompts) == 1:
-            streams = [one(prompts[0])]
+            streams = [one(0)]
         else:
             with ThreadPoolExecutor(max_workers=len(prompts)) as pool:
-                streams = list(pool.map(one, prompts))
+                streams = list(pool.map(one, range(len(prompts))))
         wave = {"wave_s": time.perf_counter() - start, "wave_tokens": sum(s.n_tokens for s in streams),
                 **decoding_union(streams)}
         rows = [endpoint_row(s, len(prompts), self.served[method.name].prompt_form) for s in streams]
@@ -176,6 +183,17 @@ def explain_endpoint_differences(out: Path, executor: EndpointExecutor, prompt_i
     if known:
         write_json_atomic(path, known)
     return known
+
+
+def arrival_offsets(n: int, mean_gap_s: float) -> list[float]:
+    """When each of a wave's `n` requests goes out, in seconds after the wave's start: all at
+    once (mean_gap_s 0), or one after another with exponential gaps of that mean, as requests
+    from independent users arrive (a Poisson process). The gaps come from a fixed seed, so every
+    method's wave sees the same arrivals and the rows stay paired."""
+    if mean_gap_s <= 0 or n < 2:
+        return [0.0] * n
+    gaps = np.random.default_rng(0).exponential(mean_gap_s, n - 1)
+    return [0.0, *np.cumsum(gaps).tolist()]
 
 
 def decoding_union(streams: list[Streamed]) -> dict:

@@ -155,7 +155,9 @@ def _load_table(config: dict, group: dict) -> list[str]:
             for label, m in group["methods"].items() if m.get("aggregate_tokens_per_s")]
     if not rows:
         return []
-    title = f"## Under load: {n} requests at once (overall)" if n > 1 else "## Endpoints, one request at a time (overall)"
+    gap = config.get("arrival_gap_s")
+    sent = f"sent with exponential gaps of mean {gap:g} s" if gap else "at once"
+    title = f"## Under load: {n} requests {sent} (overall)" if n > 1 else "## Endpoints, one request at a time (overall)"
     return [title, ""] + table(
         ["endpoint", "decode tok/s per request [q1, q3]", "in all tok/s per wave [q1, q3]",
          "in all decode tok/s per wave [q1, q3]", "TTFT s p50", "TTFT s p99"], rows) + [""]

@@ -44,9 +44,10 @@ NOTES = {
     "last; acceptance is what the server reports (llama.cpp: timings.draft_n_accepted / draft_n per request; "
     "vLLM: its /metrics counters read before and after each request or concurrent wave); speedups are over "
     "the endpoint's --baseline endpoint (the report's header names it) on the same prompt and repeat",
-    "aggregate_tokens_per_s": "endpoints: per wave of --concurrency requests sent at once, all their new tokens "
-    "over the wave's wall time, from sending to the last stream's end (prefills included; with --concurrency 1 a "
-    "request's own end-to-end rate); quartiles over rows, each row carrying its wave's figure",
+    "aggregate_tokens_per_s": "endpoints: per wave of --concurrency requests sent at once (or with --arrival-gap "
+    "one after another, at the same Poisson times for every endpoint), all their new tokens over the wave's wall "
+    "time, from its start to the last stream's end (prefills included; with --concurrency 1 a request's own "
+    "end-to-end rate); quartiles over rows, each row carrying its wave's figure",
     "aggregate_decode_tokens_per_s": "endpoints: per wave, all its requests' decode tokens (after each one's first "
     "chunk) over the time during which at least one of them was decoding (the union of their spans from first to last "
     "token): prefills that ran while no request decoded are left out, those that stalled others' decoding are in; a "

@@ -69,6 +69,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "openai package (its parsed chunks timed as an application using it sees them)")
     b.add_argument("--concurrency", type=int, default=1, metavar="N",
                    help="endpoints only: N requests at once (consecutive prompts), to see the speedup under load")
+    b.add_argument("--arrival-gap", type=float, default=0.0, metavar="S",
+                   help="with --concurrency: a wave's requests sent one after another at Poisson times, the gaps "
+                        "exponential with mean S seconds (the same arrivals for every endpoint), instead of all "
+                        "at once (default 0)")
     b.add_argument("--endpoint-timeout", type=float, default=300.0, metavar="S",
                    help="seconds an endpoint may stay silent (to connect, or between two stream chunks)")
     b.add_argument("--max-ngram", type=int, default=None, help="ngram=N for every method that takes it")
@@ -176,12 +180,15 @@ def _bench(args: argparse.Namespace, start_servers, accepted: list) -> int:
     if args.client != "httpx" and not endpoints:
         raise SpecdecError("--client applies to endpoints: add --endpoint NAME=URL or --serve NAME=OPTIONS")
     remote = EndpointExecutor(endpoints, EndpointSettings(args.max_new_tokens, args.endpoint_timeout, client=args.client,
-                                                          sampling=sampling, seed=args.seed), {}) if endpoints else None
+                                                          sampling=sampling, seed=args.seed,
+                                                          arrival_gap_s=args.arrival_gap), {}) if endpoints else None
     finished = finished_methods(out, prompts, args.repeats) if args.resume else {}
     if remote:  # probed before the slow part: a server that is down is an error at once
         for server in start_servers():
             print(f"[specdec bench] started: {shlex.join(server.command)}", file=sys.stderr)
         config.update(endpoints=remote.prepare(finished), baselines=baselines, concurrency=args.concurrency)
+        if args.arrival_gap:
+            config["arrival_gap_s"] = args.arrival_gap
         config["environment"]["endpoint_urls"] = remote.urls()
     # Checked before the models load (slow), so a refused folder is refused at once.
     check_out_dir(out, config, args.resume)
@@ -247,10 +254,14 @@ def bench_endpoints(args: argparse.Namespace, local: list[Method], sampling) -> 
     if not endpoints and not local:
         raise SpecdecError("nothing to measure: give --methods or --endpoint")
     if not endpoints:
-        for flag, given in (("--baseline", args.baseline), ("--concurrency", args.concurrency > 1)):
+        for flag, given in (("--baseline", args.baseline), ("--concurrency", args.concurrency > 1),
+                            ("--arrival-gap", args.arrival_gap)):
             if given:
                 raise SpecdecError(f"{flag} applies to endpoints: add --endpoint NAME=URL")
         return [], {}
+    if args.arrival_gap < 0 or (args.arrival_gap and args.concurrency < 2):
+        raise SpecdecError(f"--arrival-gap spaces the requests of a wave: give it >= 0 seconds with --concurrency "
+                           f"N > 1 (got {args.arrival_gap} with --concurrency {args.concurrency})")
     if args.concurrency > 1 and local:
         raise SpecdecError("--concurrency runs endpoints only (specdec's methods run one at a time in this "
                            f"process): bench {', '.join(m.label for m in local)} without it, in another --out")
