@@ -35,15 +35,18 @@ class FakeServer:
     completions succeed before the mode applies ("ok" until then)."""
 
     def __init__(self, mode: str = "ok", fail_after: int = 0, hang_s: float = 5.0, vllm_metrics: bool = True,
-                 port: int = 0, part_at: int | None = None, takes_ids: bool = True, takes_text: bool = True):
+                 port: int = 0, part_at: int | None = None, takes_ids: bool = True, takes_text: bool = True,
+                 stall_at: int | None = None):
         """`part_at`: from that new token on, every token is one higher (another server's output);
+        `stall_at`: the stream is silent for `hang_s` before that new token (as if another
+        request's prefill ran);
         `takes_ids` False: a prompt of token ids is refused (HTTP 500 with a validation error, as
         llama-cpp-python's server does); `takes_text` False: the same for a prompt of text."""
         self.mode, self.fail_after, self.hang_s, self.vllm_metrics = mode, fail_after, hang_s, vllm_metrics
         self.takes_ids, self.takes_text = takes_ids, takes_text
         self.prompts: list = []  # each streamed completion's prompt, as received
         self.bodies: list[dict] = []  # ... and its whole request body
-        self.part_at = part_at
+        self.part_at, self.stall_at = part_at, stall_at
         self.completions = 0
         self.counters = {"drafts": 0, "draft_tokens": 0, "accepted": 0, "per_position": [0, 0, 0]}
         self.lock = threading.Lock()
@@ -141,6 +144,8 @@ def _handler(server: FakeServer):
                         self._event({"error": {"message": "out of memory (simulated)", "code": 500}})
                     self.wfile.flush()
                     return
+                if i == server.stall_at:
+                    time.sleep(server.hang_s)
                 self._event(_chunk(token, chat, body, finish=None))
                 time.sleep(0.001)
             self._event(_chunk(None, chat, body, finish="length"))

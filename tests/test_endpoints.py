@@ -357,6 +357,22 @@ def test_bench_spaces_a_waves_requests_by_the_arrival_gap(tmp_path, tiny_tokeniz
     assert "## Under load: 2 requests sent with exponential gaps of mean 0.3 s" in (tmp_path / "run" / "report.md").read_text()
 
 
+def test_bench_reports_each_streams_longest_stall(tmp_path, tiny_tokenizer, prompts_file):
+    """A server silent for 0.3 s before every stream's fourth token: each row's stall_s is about
+    that pause (the longest gap between chunks after the first), the summary's percentiles are the
+    rows', and the report's load table shows them."""
+    with FakeServer(stall_at=3, hang_s=0.3) as slow:
+        assert bench(tmp_path / "run", f"slow={slow.url}") == 0
+    rows = read_rows(tmp_path / "run")
+    # as the client reads it: the chunks before the pause may reach it a few tens of ms late
+    # (the loopback's delayed ACKs), which shortens the gap it sees by as much
+    assert rows and all(0.22 <= r["stall_s"] < 0.45 for r in rows)
+    stall = json.loads((tmp_path / "run" / "summary.json").read_text())["overall"]["methods"]["endpoint:name=slow"][
+        "stall_s"]
+    assert stall["p50"] == pytest.approx(float(np.median([r["stall_s"] for r in rows]))) and stall["n"] == len(rows)
+    assert "longest stall s p99" in (tmp_path / "run" / "report.md").read_text()
+
+
 def test_bench_explains_a_difference_between_servers_by_the_baselines_gap(tmp_path, tiny_tokenizer, prompts_file):
     with FakeServer() as plain, FakeServer(part_at=2) as other:
         assert bench(tmp_path / "run", f"plain={plain.url}", f"other={other.url}", extra=("--baseline", "plain")) == 0

@@ -12,7 +12,8 @@ once or (arrival_gap_s) one after another at Poisson times, and times each strea
 last stream's end; wave_tokens: all its new tokens; wave_decode_s: the time during which at
 least one of its requests was decoding, the union of the requests' spans from first to last
 token; wave_decode_tokens: their decode tokens; each on every row of the wave, and each row's
-sent_s, when its request went out after the wave's start); vLLM's counters are read around the whole wave (they
+sent_s, when its request went out after the wave's start, and stall_s, its stream's longest wait
+between two chunks of tokens after the first: what another request's prefill costs it); vLLM's counters are read around the whole wave (they
 are the server's, not a request's) and filed under the wave's first row only, so sums over rows
 count each wave once. A wave whose any request fails writes no row: its rows were measured
 under a load the others did not see through.
@@ -214,7 +215,9 @@ def endpoint_row(s: Streamed, concurrency: int, prompt_form: str) -> Measured:
     server's memory is not this process's to measure)."""
     timings = s.timings or {}
     drafted = "draft_n" in timings
+    gaps = np.diff(s.stamps)
     served = {"text": s.text, "ttft_s": s.ttft_s, "concurrency": concurrency, "prompt_form": prompt_form,
+              "stall_s": float(gaps.max()) if len(gaps) else None,
               "accept_source": "llama.cpp timings" if drafted else None, "server_timings": s.timings}
     return Measured(s.ids, s.n_tokens, s.finish_reason, s.ttft_s, s.decode_s, s.decode_tokens,
                     {"prefill": s.ttft_s, "decode": s.decode_s}, proposed=timings.get("draft_n"),

@@ -151,7 +151,8 @@ def _load_table(config: dict, group: dict) -> list[str]:
     time to first token's median and tail, at the run's concurrency."""
     n = config.get("concurrency", 1)
     rows = [[f"`{label}`", _quartiles(m["tokens_per_s"]), _quartiles(m["aggregate_tokens_per_s"]),
-             _quartiles(m.get("aggregate_decode_tokens_per_s")), *_ttft(m)]
+             _quartiles(m.get("aggregate_decode_tokens_per_s")), *_p50_p99(m.get("ttft_s")),
+             *_p50_p99(m.get("stall_s"))]
             for label, m in group["methods"].items() if m.get("aggregate_tokens_per_s")]
     if not rows:
         return []
@@ -160,11 +161,11 @@ def _load_table(config: dict, group: dict) -> list[str]:
     title = f"## Under load: {n} requests {sent} (overall)" if n > 1 else "## Endpoints, one request at a time (overall)"
     return [title, ""] + table(
         ["endpoint", "decode tok/s per request [q1, q3]", "in all tok/s per wave [q1, q3]",
-         "in all decode tok/s per wave [q1, q3]", "TTFT s p50", "TTFT s p99"], rows) + [""]
+         "in all decode tok/s per wave [q1, q3]", "TTFT s p50", "TTFT s p99", "longest stall s p50",
+         "longest stall s p99"], rows) + [""]
 
 
-def _ttft(m: dict) -> list[str]:
-    t = m.get("ttft_s")
+def _p50_p99(t: dict | None) -> list[str]:
     return ["-", "-"] if t is None else [num(t["p50"]), num(t["p99"])]
 
 

@@ -53,6 +53,8 @@ NOTES = {
     "token): prefills that ran while no request decoded are left out, those that stalled others' decoding are in; a "
     "server that serves the wave one request after another gets one request's rate; quartiles over rows, each row "
     "carrying its wave's figure",
+    "stall_s": "endpoints: each stream's longest wait between two chunks of tokens after its first (where other "
+    "requests' prefills stall it), percentiles over all runs",
     "ttft_s": "time to first token per request (for specdec's own methods: their prefill), percentiles over all runs "
     "(numpy's linear interpolation: with few runs p99 is close to the slowest)",
     "hf_agreement": "greedy runs with hf-ar only: prompts equal to transformers' plain generate() (run on an "
@@ -149,6 +151,7 @@ def summarize_method(rows: list[dict], label: str, method: Method, baseline: lis
         "tokens_per_s": quartiles([r["tokens_per_s"] for r in rows if r["tokens_per_s"]]),
         "prefill_s": quartiles([r["prefill_s"] for r in rows]),
         "ttft_s": percentiles([r["prefill_s"] for r in rows]),
+        "stall_s": percentiles([r["stall_s"] for r in rows if r.get("stall_s") is not None]),
         "mean_new_tokens": float(np.mean([r["n_new"] for r in rows])),
         "speedup": speedup,
         **acceptance_summary(rows),
