@@ -178,7 +178,7 @@ def test_a_prompt_that_joins_is_forwarded_in_chunks_inside_the_running_rounds(mo
     sequence's block (filling it up to round_rows=16 rows), while the running sequence commits
     tokens; its first token comes with the round that forwards the prompt's end, and both
     outputs equal each prompt alone. A joiner removed mid-prompt frees its lanes; without
-    round_rows (the default) a sequence added beside others is prefilled at once."""
+    round_rows (Batch's default) a sequence added beside others is prefilled at once."""
     rows = 16
     target, draft = models
     drafter = DraftModel(draft, k=3) if method == "draft" else None
@@ -213,7 +213,7 @@ def test_a_prompt_that_joins_is_forwarded_in_chunks_inside_the_running_rounds(mo
     assert leaving.lm.length == 0 and not batch.joining and len(batch.running) == 1
     batch.remove(batch.running[0])
     assert target.pool.held() == held
-    apart = Batch(target, drafter, plan)  # the default: serve without --round-rows
+    apart = Batch(target, drafter, plan)  # Batch's default round_rows 0, as serve --round-rows 0
     apart.add(prompts[0], Options(30, eos_token_id=[]))
     assert apart.add(prompts[1], Options(30, eos_token_id=[])).new == 1 and not apart.joining
     for d in apart.sequences:

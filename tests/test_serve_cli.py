@@ -77,19 +77,20 @@ def test_warning_beyond_loopback_without_a_key():
     assert "without an API key" in host_warning("192.168.1.5", None)
 
 
-def test_round_rows_option():
-    """--round-rows N fills rounds to N rows (default 0: no chunked prefill), and a negative N
-    is refused before any model loads."""
+def test_round_rows_option(folders):  # noqa: F811
+    """--round-rows N fills rounds to N rows (unset: serve.worker.ROUND_ROWS; 0: no chunked
+    prefill), and a negative N is refused before any model loads."""
     import argparse
 
     from specdec.cli.serve import build_server, register
     from specdec.errors import SpecdecError
+    from specdec.serve.worker import ROUND_ROWS
 
     parser = argparse.ArgumentParser()
     register(parser.add_subparsers())
-    rows = [parser.parse_args(["serve", *extra]).round_rows
-            for extra in ([], ["--round-rows", "64"])]
-    assert rows == [0, 64]
+    limits = [build_server(parser.parse_args(["serve", *model_args(folders), *extra]))[1].limits.round_rows
+              for extra in ([], ["--round-rows", "16"], ["--round-rows", "0"])]
+    assert limits == [ROUND_ROWS, 16, 0]
     with pytest.raises(SpecdecError, match="--round-rows must be >= 0"):
         build_server(parser.parse_args(["serve", "--round-rows", "-1"]))
 

@@ -38,11 +38,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "position); a request that does not fit waits for one to end")
     s.add_argument("--no-plan", action="store_true",
                    help="guess the proposer's k every round instead of the cost model's choice per request")
-    s.add_argument("--round-rows", type=int, default=0, metavar="N",
+    s.add_argument("--round-rows", type=int, default=None, metavar="N",
                    help="chunked prefill: a request that arrives while others decode has its prompt forwarded "
                         "inside their rounds, each round's target forward filled up to N rows (at least N/4 of "
-                        "prompt), so their tokens keep coming; its first token comes later (default 0: its "
-                        "prompt prefilled alone, their rounds waiting; 16 suits AMX's 16-row tiles)")
+                        "prompt), so their streams stall for one such round, not a whole prefill, and its first "
+                        "token comes later (default 64; 0: prefilled alone, their rounds waiting for it)")
     s.add_argument("--max-queue", type=int, default=16,
                    help="requests that may wait while others decode; more get 503 with Retry-After (default 16)")
     s.add_argument("--max-body-bytes", type=int, default=8 << 20,
@@ -104,11 +104,11 @@ def build_server(args: argparse.Namespace):
     from ..serve.metrics import ServerMetrics
     from ..serve.request import Defaults
     from ..serve.server import build
-    from ..serve.worker import DecodeWorker, Limits, Loaded
+    from ..serve.worker import ROUND_ROWS, DecodeWorker, Limits, Loaded
     from .args import load_proposer, method_of
 
     at_least_one(args, "max_new_tokens", "max_queue", "max_body_bytes", "max_sequences", "kv_tokens")
-    if args.round_rows < 0:
+    if args.round_rows is not None and args.round_rows < 0:
         raise SpecdecError(f"--round-rows must be >= 0 (0: no chunked prefill), got {args.round_rows}")
     if not 0 <= args.port <= 65535:
         raise SpecdecError(f"--port must be in 0..65535, got {args.port}")
@@ -127,6 +127,7 @@ def build_server(args: argparse.Namespace):
         return Loaded(lm, tokenizer, drafter, runs.label, plan)
 
     worker = DecodeWorker(load, ServerMetrics(name), name, defaults, args.max_queue,
-                          limits=Limits(args.max_sequences, args.kv_tokens, args.round_rows))
+                          limits=Limits(args.max_sequences, args.kv_tokens,
+                                        ROUND_ROWS if args.round_rows is None else args.round_rows))
     settings = Settings(api_key=server_key(args), max_body_bytes=args.max_body_bytes)
     return build(worker, settings, args.host, args.port, args.log_level), worker

@@ -53,9 +53,10 @@ class Batch:
         """`round_rows`: the rows a round's target forward is filled up to with the prompts of
         sequences that join (at least a quarter of them, however many the running blocks take;
         vLLM's token budget per step); 0: a sequence added beside others is prefilled alone at
-        once. Chunks keep the running sequences' tokens coming while a prompt is forwarded, at
-        the price of the joiner's first token and, when requests arrive together, of the work
-        in all (docs/batching.md has the measurements), so they are asked for, not the default."""
+        once (the default here: sequences added together, as generate's, have nobody to wait
+        for). Chunks keep the running sequences' tokens coming while a prompt is forwarded, at
+        the price of the joiner's first token and a little of the work in all (docs/batching.md
+        has the measurements; a server's default: serve.worker.ROUND_ROWS)."""
         self.target, self.drafter, self.plan, self.round_rows = target, drafter, plan, round_rows
         self.running: list[Decoding] = []
         self.joining: dict[Decoding, int] = {}  # sequences being prefilled: prompt rows forwarded so far
