@@ -8,15 +8,16 @@ of vLLM's /metrics counters read before and after. Where the server names no tok
 row's `new_tokens` is None and its `text` is what equality compares.
 
 Concurrency: `run_wave` sends one request per prompt of a wave, each on its own thread, all at
-once or (arrival_gap_s) one after another at Poisson times, and times each stream on its own, and the wave as a whole (wave_s: from sending to the
-last stream's end; wave_tokens: all its new tokens; wave_decode_s: the time during which at
-least one of its requests was decoding, the union of the requests' spans from first to last
-token; wave_decode_tokens: their decode tokens; each on every row of the wave, and each row's
-sent_s, when its request went out after the wave's start, and stall_s, its stream's longest wait
-between two chunks of tokens after the first: what another request's prefill costs it); vLLM's counters are read around the whole wave (they
-are the server's, not a request's) and filed under the wave's first row only, so sums over rows
-count each wave once. A wave whose any request fails writes no row: its rows were measured
-under a load the others did not see through.
+once or (arrival_gap_s) one after another at Poisson times, and times each stream on its own
+and the wave as a whole (wave_s: from the wave's start to the last stream's end; wave_tokens:
+all its new tokens; wave_decode_s: the time during which at least one of its requests was
+decoding, the union of the requests' spans from first to last token; wave_decode_tokens: their
+decode tokens; each on every row of the wave, and each row's sent_s, when its request went out
+after the wave's start, and stall_s, its stream's longest wait between two chunks of tokens
+after the first: what another request's prefill costs it); vLLM's counters are read around the
+whole wave (they are the server's, not a request's) and filed under the wave's first row only,
+so sums over rows count each wave once. A wave whose any request fails writes no row: its
+rows were measured under a load the others did not see through.
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 guesses, and the guessing steps of all of them run as one draft forward per step; then one
 target forward scores every sequence's block; then each sequence accepts, commits and trims on
 its own (decode.sequence, the same code as one sequence alone). Sequences join between rounds
-and leave when they end. A sequence that arrives while others run has its prompt forwarded in
-chunks inside their rounds' target forwards (where the lanes share one, on the
+and leave when they end. A sequence that arrives while others run can have its prompt forwarded
+in chunks inside their rounds' target forwards (round_rows; where the lanes share one, on the
 native runtime): the rounds go on while it prefills, instead of waiting seconds for its prompt.
 
 Each sequence decodes on its own lane of the models (Runtime.lane: its own cache, the same
@@ -68,7 +68,7 @@ class Batch:
 
     def add(self, input_ids: torch.Tensor | Sequence[int], options: Options, slots: int = 256) -> Decoding:
         """Start a sequence. Alone, it is prefilled now and its first token committed; beside
-        others it joins (with round_rows): its prompt rides in the next rounds (round_rows) and its first token
+        others with round_rows it joins: its prompt rides in the next rounds and its first token
         comes with the round that forwards the prompt's end. It runs from the round after that
         unless it already ended (then its lanes are freed at once). Under a plan, a sequence that
         joins others has its draft read the prompt only when it first guesses (plain under load:
