@@ -126,11 +126,11 @@ def test_under_a_plan_the_draft_reads_the_prompt_only_when_its_sequence_first_gu
     want = [generate(target, p, drafter=drafter, max_new_tokens=20, eos_token_id=[]).new_tokens for p in prompts]
     rounds = []
 
-    def plain_then_guess(running, most):
+    def plain_then_guess(running, most, riding):
         rounds.append(1)
         return [0] * len(running) if len(rounds) <= 5 else list(most)
 
-    for plan, guessed in ((lambda running, most: [0] * len(running), False), (plain_then_guess, True)):
+    for plan, guessed in ((lambda running, most, riding: [0] * len(running), False), (plain_then_guess, True)):
         batch = Batch(target, drafter, plan, round_rows)
         started = [batch.add(p, Options(20, eos_token_id=[])) for p in prompts]
         assert started[0].draft_lm.length == len(prompts[0])  # alone: the whole prompt
@@ -182,7 +182,7 @@ def test_a_prompt_that_joins_is_forwarded_in_chunks_inside_the_running_rounds(mo
     rows = 16
     target, draft = models
     drafter = DraftModel(draft, k=3) if method == "draft" else None
-    plan = (lambda running, most: [min(1, m) for m in most]) if drafter is not None else None
+    plan = (lambda running, most, riding: [min(1, m) for m in most]) if drafter is not None else None
     prompts = [sequence(7, seed=21), sequence(50, seed=22)]
     want = [generate(target, p, drafter=drafter, max_new_tokens=30, eos_token_id=[]).new_tokens for p in prompts]
     held = target.pool.held()
@@ -386,6 +386,59 @@ def test_the_plan_spreads_a_lagging_drafts_catch_up_over_the_rounds_left():
     assert plan([seq(1, 4), seq(299, 100)], [4, 4])[0] == 0
     assert plan([seq(1, 100), seq(299, 100)], [4, 4])[0] > 0
     assert plan([seq(299, 4), seq(299, 100)], [4, 4])[0] > 0
+
+
+def test_a_lone_sequence_guesses_as_its_proposer_says_unless_its_drafts_catch_up_does_not_pay():
+    """Alone, a sequence gets its proposer's k from the plan, even where the plan's own rate
+    would pick less (costs under which guessing loses); one whose draft has fallen 300 tokens
+    behind (it joined under load and decoded plain) with 4 tokens left stays plain rather
+    than pay the catch-up, and with 100 left catches up and guesses."""
+    from types import SimpleNamespace
+
+    from specdec.decode.plan import Planner, curve
+    from specdec.decode.stats import GenerationStats
+
+    def seq(draft_length: int, left: int):
+        stats = GenerationStats()
+        stats.position_judged, stats.position_accepted = [100], [90]
+        return SimpleNamespace(stats=stats, length=301, new=128 - left, draft_lm=SimpleNamespace(length=draft_length),
+                               options=SimpleNamespace(max_new_tokens=128))
+
+    dear = Planner(lambda n: 0.024 * n, lambda n: 0.005 * n, curve({1: 0.004, 300: 0.15}))
+    assert dear([seq(299, 50)], [3]) == [3]  # current: the proposer's k, whatever the costs
+    assert dear([seq(299, 50), seq(299, 50)], [3, 3]) == [0, 0]
+    plan = Planner(curve({1: 0.024, 4: 0.026}), curve({1: 0.004, 8: 0.006}), curve({1: 0.004, 300: 0.15}))
+    assert plan([seq(1, 4)], [4]) == [0]
+    assert plan([seq(1, 100)], [4])[0] > 0
+
+
+def test_prompt_rows_riding_in_a_round_are_charged_to_the_prompt_and_guesses_pay_for_those_they_push_out():
+    """Costs timed on the Zen 4 for the default pair (serve's start line): two sequences at 75%
+    acceptance guess when they decode on their own. In rounds of 64 rows that carry a joining
+    prompt, a guess row takes a prompt row's place, which then costs ~5 ms in a later round, so
+    the plan keeps them plain; with the prompt's last 2 rows left, the round is short again and
+    they guess. Each choice is the best of all 5^2 plans by the same rate."""
+    import itertools
+    from types import SimpleNamespace
+
+    from specdec.decode.plan import Planner, curve
+    from specdec.decode.stats import GenerationStats
+
+    stats = GenerationStats()
+    stats.position_judged, stats.position_accepted = [1000], [750]
+    sequences = [SimpleNamespace(stats=stats, draft_lm=None)] * 2
+    plan = Planner(curve({1: 0.036, 2: 0.038, 3: 0.039, 4: 0.043, 6: 0.051, 8: 0.055, 12: 0.080, 16: 0.105,
+                          24: 0.150, 32: 0.198}), curve({1: 0.007, 2: 0.007, 4: 0.010, 8: 0.016}))
+
+    def riding(pending: int, rows: int = 64):
+        return lambda n: min(pending, max(rows - n, rows // 4))
+
+    alphas = [0.75] * 2
+    for ride, guesses in ((None, True), (riding(300), False), (riding(2), True)):
+        ks = plan(sequences, [4, 4], ride)
+        assert (min(ks) > 0) == guesses, (ride, ks)
+        best = max(plan.rate(list(k), alphas, None, ride) for k in itertools.product(range(5), repeat=2))
+        assert plan.rate(ks, alphas, None, ride) >= 0.98 * best
 
 
 def test_several_prompts_refuse_per_prompt_hooks(models):

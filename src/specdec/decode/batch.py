@@ -31,9 +31,10 @@ from .rows import PREFILL_CHUNK
 from .sequence import Decoding, GenerationResult, Options
 
 Block = tuple[Runtime, torch.Tensor, bool]  # (lane, tokens, last_only)
-# plan(sequences, most): how many tokens each running sequence guesses this round, each at most
-# `most[i]` (its proposer's k within its room).
-Plan = Callable[[Sequence[Decoding], Sequence[int]], list[int]]
+# plan(sequences, most, riding): how many tokens each running sequence guesses this round, each
+# at most `most[i]` (its proposer's k within its room); riding(n): the prompt rows of joining
+# sequences the round carries beside n decode rows (None: nobody joins).
+Plan = Callable[[Sequence[Decoding], Sequence[int], Callable[[int], int] | None], list[int]]
 
 
 def forward_blocks(blocks: Sequence[Block]) -> list[torch.Tensor]:
@@ -115,11 +116,11 @@ class Batch:
         each with the error that ended it (None: it finished)."""
         running = self.running
         most = [d.guesses() for d in running]
-        # One sequence alone guesses as its proposer says (the method asked for, or advised for
-        # this machine); the plan arbitrates between sequences that share the rows, prompts
-        # being forwarded among them.
-        planned = self.plan is not None and len(self.sequences) > 1 and any(most)
-        ks = self.plan(running, most) if planned else most
+        # The plan arbitrates between sequences that share the rows, prompts being forwarded
+        # among them; a sequence alone guesses as its proposer says (the method asked for, or
+        # advised for this machine) unless the plan finds its draft's catch-up not worth it.
+        riding = self._riding if self.joining and self.running else None
+        ks = self.plan(running, most, riding) if self.plan is not None and any(most) else most
         proposals = self._propose(ks)
         _lap(running, "propose")
         chunks = self._chunks(sum(p.tokens.numel() + 1 for p in proposals))
@@ -140,9 +141,8 @@ class Batch:
 
     def _chunks(self, rows: int) -> list[tuple[Decoding, torch.Tensor]]:
         """This round's prompt chunks of the joining sequences, first come first, beside the
-        running sequences' `rows` (up to round_rows, at least a quarter of it); with none running,
-        nobody waits, so whole prompts (prefill's blocks)."""
-        room = max(self.round_rows - rows, self.round_rows // 4) if self.running else PREFILL_CHUNK
+        running sequences' `rows`."""
+        room = self._room(rows)
         chunks = []
         for d, done in self.joining.items():
             if room <= 0:
@@ -151,6 +151,15 @@ class Batch:
             chunks.append((d, chunk))
             room -= chunk.numel()
         return chunks
+
+    def _room(self, rows: int) -> int:
+        """The prompt rows a round takes beside `rows` decode rows: up to round_rows, at least a
+        quarter of it; with none running, nobody waits, so whole prompts (prefill's blocks)."""
+        return max(self.round_rows - rows, self.round_rows // 4) if self.running else PREFILL_CHUNK
+
+    def _riding(self, rows: int) -> int:
+        """The prompt rows a round with `rows` decode rows would carry."""
+        return min(self._room(rows), sum(d.prompt.numel() - done for d, done in self.joining.items()))
 
     def _prefilled(self, chunks: Sequence[tuple[Decoding, torch.Tensor]],
                    rows: Sequence[torch.Tensor]) -> list[tuple[Decoding, BaseException | None]]:

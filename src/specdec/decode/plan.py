@@ -29,11 +29,16 @@ import torch
 from .interface import Runtime
 from .sequence import Decoding
 
+Riding = Callable[[int], int]  # the prompt rows a round carries beside n decode rows
+
 PRIOR, PRIOR_WEIGHT = 0.6, 4.0  # acceptance assumed before a sequence's rounds, worth 4 judged guesses
 PASSES = 5  # readings of each point (measured_plan keeps the least)
 ROWS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)  # block sizes the target's cost is measured at
 DRAFT_ROWS = (1, 2, 4, 8)
 CONTEXT = 128  # positions in the cache while measuring
+# Rows of a prompt forwarded on its own, to price a prompt row riding in a round: per row, any
+# block past ~64 rows costs about the same on these CPUs (compute-bound), so the choice is loose.
+PROMPT_BLOCK = 256
 
 
 def curve(points: dict[int, float]) -> Callable[[int], float]:
@@ -69,12 +74,18 @@ class Planner:
                          + "/".join(f"{1000 * s:.0f}" for s in points.values()) + " ms"
                          for name, points in self.measured.items())
 
-    def __call__(self, running: Sequence[Decoding], most: Sequence[int]) -> list[int]:
+    def __call__(self, running: Sequence[Decoding], most: Sequence[int], riding: Riding | None = None) -> list[int]:
+        """Each running sequence's k (at most most[i]); `riding`: the prompt rows of joining
+        sequences that a round with n decode rows carries (None: nobody joins). A sequence alone
+        guesses as its proposer says, unless its draft must first catch up: whether the catch-up
+        pays for the tokens it has left is the plan's to say."""
         alphas = [acceptance(d) for d in running]
         behind = [self._behind(d) for d in running]
+        if len(running) == 1 and riding is None and not behind[0]:
+            return list(most)
 
         def rate(ks: tuple[int, ...]) -> float:
-            return self.rate(ks, alphas, behind)
+            return self.rate(ks, alphas, behind, riding)
 
         ks = max((_level((0,) * len(most), most, level) for level in range(max(most) + 1)), key=rate)
         best = rate(ks)
@@ -87,16 +98,23 @@ class Planner:
                 return list(ks)
             ks, best = t, got
 
-    def rate(self, ks: Sequence[int], alphas: Sequence[float], behind: Sequence[float] | None = None) -> float:
+    def rate(self, ks: Sequence[int], alphas: Sequence[float], behind: Sequence[float] | None = None,
+             riding: Riding | None = None) -> float:
         """Expected tokens per second of a round in which sequence s guesses ks[s]; behind[s]:
-        the seconds of its draft's catch-up per token it has left (0: none to pay)."""
+        the seconds of its draft's catch-up per token it has left (0: none to pay). Prompt rows
+        riding in the round are charged what a row costs in a prompt forwarded on its own: the
+        decode rows pay the rest, little more than their own compute where the prompt fills the
+        round, and a guess row, which takes a prompt row's place, pays for the row it pushes
+        to a later round."""
         gains = [sum(a**j for j in range(k + 1)) for k, a in zip(ks, alphas)]
-        seconds = self.verify(sum(k + 1 for k in ks))
+        rows = sum(k + 1 for k in ks)
+        prompt = riding(rows) if riding is not None else 0
+        seconds = self.verify(rows + prompt) - prompt * self.verify(PROMPT_BLOCK) / PROMPT_BLOCK
         if self.draft is not None:
             seconds += sum(self.draft(sum(1 for k in ks if k >= j)) for j in range(1, max(ks) + 1))
             # the catch-up spread over the sequence's rounds left (its tokens left / gain a round)
             seconds += sum(b * g for k, b, g in zip(ks, behind or [0.0] * len(ks), gains) if k)
-        return sum(gains) / seconds
+        return sum(gains) / max(seconds, 1e-9)
 
     def _behind(self, d: Decoding) -> float:
         lag = _lag(d)
