@@ -441,6 +441,58 @@ def test_prompt_rows_riding_in_a_round_are_charged_to_the_prompt_and_guesses_pay
         assert plan.rate(ks, alphas, None, ride) >= 0.98 * best
 
 
+def test_the_plan_re_times_its_costs_from_the_forwards_it_runs():
+    """Costs given at start under which guessing pays (rows nearly free); forwards then read
+    while decoding cost a whole step per row. Three readings at a size change nothing, the
+    fourth does (LEAST_READINGS), and the plan turns plain; a burst of interference in 3 of the
+    16 recent readings moves no median; sizes between those read are scaled by the ratios
+    around them."""
+    from types import SimpleNamespace
+
+    from specdec.decode.plan import LEAST_READINGS, RECENT, Planner, curve
+    from specdec.decode.stats import GenerationStats
+
+    stats = GenerationStats()
+    stats.position_judged, stats.position_accepted = [100], [90]
+    sure = [SimpleNamespace(stats=stats, draft_lm=None)] * 2
+    plan = Planner(curve({1: 0.030, 16: 0.034}), curve({1: 0.002, 8: 0.003}))
+    assert min(plan(sure, [4, 4])) > 0
+    for n in (2, 4, 6, 8, 10):
+        for _ in range(LEAST_READINGS - 1):
+            plan.observe("verify", n, 0.030 * n)
+    assert min(plan(sure, [4, 4])) > 0 and plan.retimed() == "nothing re-timed"
+    for n in (2, 4, 6, 8, 10):
+        plan.observe("verify", n, 0.030 * n)
+    assert plan(sure, [4, 4]) == [0, 0]
+    assert plan.verify(4) == pytest.approx(0.120) and plan.verify(5) == pytest.approx(0.150, rel=0.05)
+    assert plan.retimed().startswith("verify over 2 rows x1.98, 4 rows x3.90, 6 rows x5.74")
+    for reading in [0.300] * 3 + [0.060] * (RECENT - 3):
+        plan.observe("verify", 2, reading)
+    assert plan.verify(2) == pytest.approx(0.060)
+
+
+def test_a_batch_tells_its_plan_how_long_each_forward_took(models):
+    """Every round's target forward is read at its rows (each sequence's block plus riding
+    prompt rows) and every draft step at its lanes; outputs stay each prompt's alone."""
+    from specdec.decode.plan import Planner, curve
+
+    target, draft = models
+    drafter = DraftModel(draft, k=3)
+    plan = Planner(curve({1: 0.001, 32: 0.0011}), curve({1: 0.0001, 8: 0.0001}))
+    prompts = [sequence(n, seed=40 + n) for n in (4, 9, 30)]
+    want = [generate(target, p, drafter=drafter, max_new_tokens=12, eos_token_id=[]).new_tokens for p in prompts]
+    batch = Batch(target, drafter, plan, round_rows=16)
+    started = [batch.add(p, Options(12, eos_token_id=[])) for p in prompts]
+    rounds = 0
+    while batch.sequences:
+        assert all(error is None for _, error in batch.step())
+        rounds += 1
+    assert [d.result().new_tokens for d in started] == want
+    verify = {n: len(r) for (cost, n), r in plan.recent.items() if cost == "verify"}
+    assert sum(verify.values()) == rounds and max(verify) > 3 * 4  # the prompts' rows rode in some
+    assert {n for (cost, n) in plan.recent if cost == "draft"} <= {1, 2, 3}
+
+
 def test_several_prompts_refuse_per_prompt_hooks(models):
     target, _ = models
     with pytest.raises(SpecdecError, match="on_commit and on_target_logits take one prompt"):

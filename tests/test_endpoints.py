@@ -19,7 +19,7 @@ from specdec.bench.served import position_rates, server_acceptance
 from specdec.bench.store import read_rows
 from specdec.bench.summary import endpoint_baselines
 from specdec.cli import main
-from specdec.cli.bench import parse_baselines
+from specdec.cli.bench_endpoints import parse_baselines
 from specdec.conform.endpoints import compare
 from specdec.errors import SpecdecError
 from specdec.external.endpoints.metrics import SpecCounters, has_spec_counters, parse_counters

@@ -58,6 +58,9 @@ def test_serve_subprocess_key_from_env_and_sigterm(folders):  # noqa: F811
             raise
     assert process.returncode == 0, out
     assert "Finished server process" in out
+    # the plan's costs: timed at start, and after serving how far the forwards it ran moved them
+    assert "costs timed for the batch plan: verify over 1/2/3" in out
+    assert "costs while serving, over those timed at start: draft over 1 rows x" in out, out[-600:]
 
 
 def test_a_model_that_does_not_load_ends_the_server(folders, tmp_path):  # noqa: F811

@@ -19,6 +19,7 @@ sequence without a planner, guesses as its proposer says.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
@@ -196,7 +197,8 @@ class Batch:
                 proposals[i] = done.value
         while talking:
             items = list(talking.items())
-            rows = forward_blocks([(self.running[i].draft_lm, tokens, True) for i, (_, tokens) in items])
+            blocks = [(self.running[i].draft_lm, tokens, True) for i, (_, tokens) in items]
+            rows = self._timed("draft", blocks) if all(t.numel() == 1 for _, t, _ in blocks) else forward_blocks(blocks)
             for (i, (steps, _)), row in zip(items, rows):
                 try:
                     talking[i] = (steps, steps.send(row[-1]))
@@ -213,13 +215,26 @@ class Batch:
         chains = [i for i, p in enumerate(proposals) if p.parents is None]
         blocks = [(self.running[i].lm, self.running[i].block(proposals[i]), False) for i in chains]
         blocks += [(d.lm, chunk, True) for d, chunk in chunks]
-        together = forward_blocks(blocks) if blocks else []
+        together = self._timed("verify", blocks) if blocks else []
         for i, got in zip(chains, together):
             rows[i] = got
         for i, p in enumerate(proposals):
             if p.parents is not None:
                 rows[i] = self.running[i].score(p)
         return rows, together[len(chains):]
+
+
+    def _timed(self, cost: str, blocks: Sequence[Block]) -> list[torch.Tensor]:
+        """forward_blocks, its time told to the plan (a decode.plan.Planner re-times its costs
+        from the forwards it chose; a plan without `observe` is not told)."""
+        observe = getattr(self.plan, "observe", None)
+        if observe is None:
+            return forward_blocks(blocks)
+        start = time.perf_counter()
+        got = forward_blocks(blocks)
+        observe(cost, sum(tokens.numel() for _, tokens, _ in blocks) if cost == "verify" else len(blocks),
+                time.perf_counter() - start)
+        return got
 
 
 def decode_together(target: Runtime, prompts: Sequence[torch.Tensor | Sequence[int]], drafter: Proposer | None,

@@ -11,7 +11,9 @@ rate grows; so plain rows (k = 0) where guessing does not pay for the rows it ad
 where it does. A sequence whose draft has fallen behind (plain rounds, or only the prompt's first
 token read: decode.batch) first pays the draft's catch-up block, a one-time cost the plan spreads
 over the rounds the sequence has left. The costs are measured on the models at hand
-(measured_plan: a second or two at a server's start), never assumed.
+(measured_plan: a second or two at a server's start), never assumed, and re-timed from the
+batch's own forwards while it runs (Planner.observe): a start on a noisy VM read the same
+16-row forward 20-40% apart, and the contexts served are longer than the one timed.
 
 The plan depends only on earlier rounds and on measured costs, never on the target's
 distribution of the round it plans, so sampling stays exact (as adaptive k's policies).
@@ -20,6 +22,7 @@ distribution of the round it plans, so sampling stays exact (as adaptive k's pol
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -39,6 +42,7 @@ CONTEXT = 128  # positions in the cache while measuring
 # Rows of a prompt forwarded on its own, to price a prompt row riding in a round: per row, any
 # block past ~64 rows costs about the same on these CPUs (compute-bound), so the choice is loose.
 PROMPT_BLOCK = 256
+RECENT, LEAST_READINGS = 16, 4  # forwards re-timed per block size; readings before they count
 
 
 def curve(points: dict[int, float]) -> Callable[[int], float]:
@@ -67,12 +71,40 @@ class Planner:
     catch_up: Callable[[int], float] | None = None  # the draft over a block of n rows of one sequence
     measured: dict[str, dict[int, float]] | None = None  # measured_plan's points: seconds by rows
 
+    def __post_init__(self):
+        self._given = {"verify": self.verify, "draft": self.draft}
+        # observe's readings over what the given costs say, the RECENT last by (cost, rows), and
+        # their medians by rows for each cost
+        self.recent: dict[tuple[str, int], deque] = {}
+        self._ratios: dict[str, dict[int, float]] = {name: {} for name in self._given}
+
     def __str__(self) -> str:
         if not self.measured:
             return "a plan from given costs"
         return "; ".join(f"{name.replace('_', '-')} over " + "/".join(map(str, points)) + " rows "
                          + "/".join(f"{1000 * s:.0f}" for s in points.values()) + " ms"
                          for name, points in self.measured.items())
+
+    def observe(self, name: str, rows: int, seconds: float) -> None:
+        """A forward the batch ran, timed: the target over `rows` rows (name "verify") or a draft
+        step over `rows` lanes ("draft"). From LEAST_READINGS readings at a size on, the cost at
+        every size is the given one times the median ratio of the RECENT readings at the nearest
+        sizes read (interpolated between them): the sizes served are what the plan chooses
+        between, and they carry the contexts served."""
+        given = self._given.get(name)
+        if given is None or rows < 1:
+            return
+        recent = self.recent.setdefault((name, rows), deque(maxlen=RECENT))
+        recent.append(seconds / given(rows))
+        if len(recent) >= LEAST_READINGS:
+            self._ratios[name][rows] = float(np.median(recent))
+            setattr(self, name, _scaled(given, self._ratios[name]))
+
+    def retimed(self) -> str:
+        """What observe has changed, for a log: each cost's ratio to its start by rows read."""
+        parts = [f"{name} over " + ", ".join(f"{n} rows x{ratio:.2f}" for n, ratio in sorted(ratios.items()))
+                 for name, ratios in self._ratios.items() if ratios]
+        return "; ".join(parts) or "nothing re-timed"
 
     def __call__(self, running: Sequence[Decoding], most: Sequence[int], riding: Riding | None = None) -> list[int]:
         """Each running sequence's k (at most most[i]); `riding`: the prompt rows of joining
@@ -122,6 +154,21 @@ class Planner:
             return 0.0
         left = max(1, d.options.max_new_tokens - d.new)
         return self.catch_up(lag) / left
+
+
+def _scaled(given: Callable[[int], float], ratios: dict[int, float]) -> Callable[[int], float]:
+    """`given` times the ratio read at n, interpolated between the sizes read (beyond them: the
+    nearest one's)."""
+    xs = np.array(sorted(ratios), dtype=float)
+    ys = np.array([ratios[int(x)] for x in xs])
+    known: dict[int, float] = {}  # a plan asks the same few sizes many times a round
+
+    def cost(n: int) -> float:
+        if n not in known:
+            known[n] = given(n) * float(np.interp(n, xs, ys))
+        return known[n]
+
+    return cost
 
 
 def _level(ks: tuple[int, ...], most: Sequence[int], level: int) -> tuple[int, ...]:

@@ -176,6 +176,10 @@ class DecodeWorker:
             self._decoding.pop(d).finish(d.result("stopped"), self.loaded.method)
         if self._held is not None:
             self._held.put(Failed(ApiError(503, "the server is stopping", code="stopping")))
+        retimed = getattr(self.loaded.plan, "retimed", None)
+        if retimed is not None:  # how far serving moved the costs timed at start
+            print(f"[specdec] the batch plan's costs while serving, over those timed at start: {retimed()}",
+                  file=sys.stderr, flush=True)
         self.state = "stopped"
 
     def _warm_up(self) -> None:
