@@ -680,8 +680,8 @@ def test_ttft_percentiles():
 
 def test_bench_serve_starts_specdec_serve_as_endpoints_and_stops_them(tmp_path, folders, capsys):  # noqa: F811
     """--serve NAME=OPTIONS: `specdec serve` started with bench's --target and --draft and the
-    options, waited for (/health), measured at two requests at once, stopped; its log kept in
-    --out; the speculative server's greedy output equals the plain one's."""
+    options, waited for (/health), measured at two requests at once, stopped; its log, to its
+    last line, kept in --out; the speculative server's greedy output equals the plain one's."""
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"task_id": str(i), "prompt": text}) + "\n"
                                for i, text in enumerate(["a b c d e a b c", "x y z x y z", "a a b b", "q r s t"])))
@@ -703,7 +703,8 @@ def test_bench_serve_starts_specdec_serve_as_endpoints_and_stops_them(tmp_path, 
     assert summary["overall"]["methods"]["endpoint:name=spec"]["greedy_equal"]["mismatches"] == 0
     urls = json.loads((out / "config.json").read_text())["environment"]["endpoint_urls"]
     for name in ("plain", "spec"):
-        assert "Application startup complete" in (out / f"server-{name}.log").read_text()
+        log = (out / f"server-{name}.log").read_text()
+        assert "Application startup complete" in log and "Finished server process" in log  # kept after it stopped
         with pytest.raises(httpx.TransportError):  # stopped
             httpx.get(urls[name].replace("/v1/completions", "/health"), timeout=2)
 

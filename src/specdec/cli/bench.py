@@ -101,12 +101,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if servers and not args.resume and out.is_dir() and any(out.iterdir()):  # before minutes of model loading
         raise SpecdecError(f"--out {out} is not empty: pass --resume to continue the run there, or choose a new folder")
     accepted = []  # set once --out is accepted: only then do the servers' logs go there
-    with ExitStack() as stack:
-        try:
+    try:
+        with ExitStack() as stack:
             return _bench(args, lambda: [stack.enter_context(s) for s in servers.values()], accepted)
-        finally:
-            if accepted:
-                keep_server_logs(servers, out)
+    finally:  # the servers stopped: their logs have what they print when they stop
+        if accepted:
+            keep_server_logs(servers, out)
 
 
 def _bench(args: argparse.Namespace, start_servers, accepted: list) -> int:
