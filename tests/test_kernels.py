@@ -203,3 +203,22 @@ def test_q3_rounding_searches_below_min_max_rounding():
     assert q3.bits == 3 and int(q3.codes.max()) <= 7 and q3.codes.dtype == torch.uint8 and q3.scales.shape == (64, 1)
     assert error(q3) < 0.20 and error(q3) < 0.95 * error(min_max), (error(q3), error(min_max))
     assert torch.equal(q3_rtn(torch.zeros(16, 64)).dequantize(), torch.zeros(16, 64))
+
+
+@pytest.mark.parametrize("kind", ["q3", "q4", "q8"])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_a_non_finite_input_makes_its_rows_outputs_non_finite_on_every_path(kind, bad):
+    """A NaN or inf activation must reach every output of its row (the runtime flags a round by
+    its logits, decode.lm): max instructions and fmax drop a NaN operand, which once made the
+    AVX2 and portable paths quantize it to a number and give finite logits. The other rows keep
+    their bits."""
+    out, inputs = SHAPES[2]
+    packed = kernels.pack(weight(kind, out, inputs, seed=4))
+    x = torch.randn(6, inputs)
+    clean = kernels.linear(x, packed, None, torch.float32)
+    x[2, 40] = bad
+    builds = [{}, {"portable": True}] + ([{"march": "x86-64-v3"}] if HAS_AVX2 else [])
+    for build in builds:
+        y = kernels.linear(x, packed, None, torch.float32, **build)
+        assert not torch.isfinite(y[2]).any(), build
+        assert torch.equal(torch.cat([y[:2], y[3:]]), torch.cat([clean[:2], clean[3:]])), build

@@ -29,6 +29,7 @@
 //              gps groups of 16: 16 for Q6_K and rounded weights, 2 for Q8_0's scale per 32).
 //       w = scale*sub_scale*(q - zero).
 #include <cmath>
+#include <limits>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
@@ -78,10 +79,17 @@ struct Acts {
 };
 
 // One block of 32 inputs of a row: int8 values and their scale (the same IEEE operations in
-// both paths: an exact max, one division, products rounded to nearest-even).
+// both paths: an exact max, one division, products rounded to nearest-even). A NaN input makes
+// the scale NaN, so the outputs it reaches are NaN and the runtime's non-finite flag sees it:
+// fmax and the max instructions drop a NaN operand, which would quietly quantize it to a number.
 inline float quantize_block(const float* v, int8_t* q, int32_t* sums) {
     float amax = 0.f;
-    for (int i = 0; i < kBlock; ++i) amax = std::fmax(amax, std::fabs(v[i]));
+    bool nan = false;
+    for (int i = 0; i < kBlock; ++i) {
+        amax = std::fmax(amax, std::fabs(v[i]));
+        nan |= std::isnan(v[i]);
+    }
+    if (nan) amax = std::numeric_limits<float>::quiet_NaN();
     const float inv = amax > 0.f ? 127.f / amax : 0.f;
     sums[0] = sums[1] = 0;
     for (int i = 0; i < kBlock; ++i) {
@@ -95,7 +103,9 @@ inline float quantize_block(const float* v, int8_t* q, int32_t* sums) {
 #if SD_VNNI
 inline float quantize_block_vnni(const float* v, int8_t* q, int32_t* sums) {
     const __m512 a = _mm512_loadu_ps(v), b = _mm512_loadu_ps(v + 16);
-    const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
+    const bool nan = (_mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q) | _mm512_cmp_ps_mask(b, b, _CMP_UNORD_Q)) != 0;
+    const float amax = nan ? std::numeric_limits<float>::quiet_NaN()
+                           : _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
     const __m512 inv = _mm512_set1_ps(amax > 0.f ? 127.f / amax : 0.f);
     const __m512 lo = _mm512_set1_ps(-127.f), hi = _mm512_set1_ps(127.f);
     const int round = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
@@ -112,12 +122,17 @@ inline float quantize_block_vnni(const float* v, int8_t* q, int32_t* sums) {
 #if SD_AVX2
 inline float quantize_block_avx2(const float* v, int8_t* q, int32_t* sums) {
     const __m256 sign = _mm256_set1_ps(-0.f);
-    __m256 m = _mm256_setzero_ps();
-    for (int i = 0; i < kBlock; i += 8) m = _mm256_max_ps(m, _mm256_andnot_ps(sign, _mm256_loadu_ps(v + i)));
+    __m256 m = _mm256_setzero_ps(), unordered = _mm256_setzero_ps();
+    for (int i = 0; i < kBlock; i += 8) {
+        const __m256 x = _mm256_loadu_ps(v + i);
+        m = _mm256_max_ps(m, _mm256_andnot_ps(sign, x));
+        unordered = _mm256_or_ps(unordered, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+    }
     float lanes[8];
     _mm256_storeu_ps(lanes, m);
     float amax = 0.f;
     for (float f : lanes) amax = std::fmax(amax, f);
+    if (_mm256_movemask_ps(unordered)) amax = std::numeric_limits<float>::quiet_NaN();
     const __m256 inv = _mm256_set1_ps(amax > 0.f ? 127.f / amax : 0.f);
     const __m256 lo = _mm256_set1_ps(-127.f), hi = _mm256_set1_ps(127.f);
     int32_t ints[kBlock];
