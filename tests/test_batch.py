@@ -116,10 +116,10 @@ def test_under_a_plan_the_draft_reads_the_prompt_only_when_its_sequence_first_gu
     """A batch with a plan prefills the draft of a sequence that joins others with the prompt's
     first token only: a plan that keeps every sequence plain never runs the draft past that; one
     that turns guessing on after some plain rounds feeds the draft everything it missed in its
-    first guessing round. The first sequence, which starts alone (and would guess as its
-    proposer says), has its draft read the whole prompt at once, as generate's does. Outputs
-    equal each prompt alone either way, whether the others' prompts are prefilled alone or ride
-    in the first one's rounds (round_rows)."""
+    first guessing round. So does the first sequence, which starts alone: by its first round
+    others may have joined. Without a plan the draft reads the whole prompt at once, as
+    generate's does. Outputs equal each prompt alone either way, whether the others' prompts
+    are prefilled alone or ride in the first one's rounds (round_rows)."""
     target, draft = models
     drafter = _proposers(draft)[method]
     prompts = [torch.cat([sequence(n, seed=n), sequence(6, seed=1)]) for n in (3, 17, 9)]
@@ -133,17 +133,21 @@ def test_under_a_plan_the_draft_reads_the_prompt_only_when_its_sequence_first_gu
     for plan, guessed in ((lambda running, most, riding: [0] * len(running), False), (plain_then_guess, True)):
         batch = Batch(target, drafter, plan, round_rows)
         started = [batch.add(p, Options(20, eos_token_id=[])) for p in prompts]
-        assert started[0].draft_lm.length == len(prompts[0])  # alone: the whole prompt
+        assert started[0].draft_lm.length == 1  # alone too: the plan of its first round decides
         assert bool(batch.joining) == (round_rows > 0)
         while batch.joining:  # the others' prompts ride in the first one's rounds
             assert all(error is None for _, error in batch.step())
-        assert all(d.draft_lm.length == 1 for d in started[1:])  # the prompt's first token alone
+        assert all(d.draft_lm.length == 1 for d in started)  # the prompt's first token alone
         while batch.sequences:
             assert all(error is None for _, error in batch.step())
         results = [d.result() for d in started]
         assert [r.new_tokens for r in results] == want
         assert all((r.stats.draft_calls > 1) == guessed for r in results)
         assert all((r.stats.rounds < 19) == guessed for r in results)
+    planless = Batch(target, drafter, None, round_rows)
+    first = planless.add(prompts[0], Options(20, eos_token_id=[]))
+    assert first.draft_lm.length == len(prompts[0])
+    planless.remove(first)
 
 
 def test_sequences_join_and_leave_between_rounds(models):

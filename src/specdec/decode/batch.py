@@ -72,10 +72,12 @@ class Batch:
         """Start a sequence. Alone, it is prefilled now and its first token committed; beside
         others with round_rows it joins: its prompt rides in the next rounds and its first token
         comes with the round that forwards the prompt's end. It runs from the round after that
-        unless it already ended (then its lanes are freed at once). Under a plan, a sequence that
-        joins others has its draft read the prompt only when it first guesses (plain under load:
-        never); one that starts alone guesses as its proposer says, so its draft reads the prompt
-        now, before its first token, as generate's does.
+        unless it already ended (then its lanes are freed at once). Under a plan, a sequence's
+        draft reads the prompt only when the sequence first guesses (plain under load: never),
+        even one that starts alone: by its first round the plan knows who joined meanwhile (a
+        server's requests sent at once arrive one by one) and weighs the draft's catch-up
+        against the tokens it buys; and its first token comes before the draft's prefill.
+        Without a plan every draft reads the prompt now, as generate's does.
         `slots`: the cache positions its lanes start with (they grow on demand; a server
         reserves what a request may reach, so its keys never move)."""
         drafter = self.drafter.fork(slots) if self.drafter is not None else None
@@ -84,7 +86,7 @@ class Batch:
             self.joining[d] = 0
             return d
         try:
-            d.start(prefill_draft=self.plan is None or not self.running)
+            d.start(prefill_draft=self.plan is None)
         except BaseException:
             _release(d)
             raise
@@ -222,7 +224,6 @@ class Batch:
             if p.parents is not None:
                 rows[i] = self.running[i].score(p)
         return rows, together[len(chains):]
-
 
     def _timed(self, cost: str, blocks: Sequence[Block]) -> list[torch.Tensor]:
         """forward_blocks, its time told to the plan (a decode.plan.Planner re-times its costs
