@@ -396,15 +396,19 @@ def test_a_lone_sequence_guesses_as_its_proposer_says_unless_its_drafts_catch_up
     """Alone, a sequence gets its proposer's k from the plan, even where the plan's own rate
     would pick less (costs under which guessing loses); one whose draft has fallen 300 tokens
     behind (it joined under load and decoded plain) with 4 tokens left stays plain rather
-    than pay the catch-up, and with 100 left catches up and guesses."""
+    than pay the catch-up, and with 100 left catches up and guesses. A sequence in its first
+    round, whose draft has read only the prompt's first token (a batch defers the draft's
+    prefill to the first round's plan), is not behind that way: alone, it guesses as a request
+    decoded by itself does (its draft then reads the prompt), even with 4 tokens left; beside
+    a joining prompt, the plan weighs the catch-up."""
     from types import SimpleNamespace
 
     from specdec.decode.plan import Planner, curve
     from specdec.decode.stats import GenerationStats
 
-    def seq(draft_length: int, left: int):
+    def seq(draft_length: int, left: int, rounds: int = 20):
         stats = GenerationStats()
-        stats.position_judged, stats.position_accepted = [100], [90]
+        stats.rounds, stats.position_judged, stats.position_accepted = rounds, [100], [90]
         return SimpleNamespace(stats=stats, length=301, new=128 - left, draft_lm=SimpleNamespace(length=draft_length),
                                options=SimpleNamespace(max_new_tokens=128))
 
@@ -414,6 +418,8 @@ def test_a_lone_sequence_guesses_as_its_proposer_says_unless_its_drafts_catch_up
     plan = Planner(curve({1: 0.024, 4: 0.026}), curve({1: 0.004, 8: 0.006}), curve({1: 0.004, 300: 0.15}))
     assert plan([seq(1, 4)], [4]) == [0]
     assert plan([seq(1, 100)], [4])[0] > 0
+    assert plan([seq(1, 4, rounds=0)], [4]) == [4]
+    assert plan([seq(1, 4, rounds=0)], [4], lambda rows: 60) == [0]
 
 
 def test_prompt_rows_riding_in_a_round_are_charged_to_the_prompt_and_guesses_pay_for_those_they_push_out():

@@ -74,9 +74,10 @@ class Batch:
         comes with the round that forwards the prompt's end. It runs from the round after that
         unless it already ended (then its lanes are freed at once). Under a plan, a sequence's
         draft reads the prompt only when the sequence first guesses (plain under load: never),
-        even one that starts alone: by its first round the plan knows who joined meanwhile (a
-        server's requests sent at once arrive one by one) and weighs the draft's catch-up
-        against the tokens it buys; and its first token comes before the draft's prefill.
+        even one that starts alone: its first token comes before the draft's prefill, and by its
+        first round the plan knows who joined meanwhile (a server's requests sent at once arrive
+        one by one): still alone, it guesses as its proposer says (decode.plan), else the plan
+        weighs the draft's catch-up against the tokens it buys.
         Without a plan every draft reads the prompt now, as generate's does.
         `slots`: the cache positions its lanes start with (they grow on demand; a server
         reserves what a request may reach, so its keys never move)."""

@@ -109,11 +109,13 @@ class Planner:
     def __call__(self, running: Sequence[Decoding], most: Sequence[int], riding: Riding | None = None) -> list[int]:
         """Each running sequence's k (at most most[i]); `riding`: the prompt rows of joining
         sequences that a round with n decode rows carries (None: nobody joins). A sequence alone
-        guesses as its proposer says, unless its draft must first catch up: whether the catch-up
-        pays for the tokens it has left is the plan's to say."""
+        guesses as its proposer says, unless its draft fell behind in plain rounds: whether the
+        catch-up pays for the tokens it has left is the plan's to say. (A draft that has read
+        only the prompt's first token, in a sequence's first round, is not behind that way:
+        alone, the sequence guesses as a request decoded by itself does.)"""
         alphas = [acceptance(d) for d in running]
         behind = [self._behind(d) for d in running]
-        if len(running) == 1 and riding is None and not behind[0]:
+        if len(running) == 1 and riding is None and (not behind[0] or not running[0].stats.rounds):
             return list(most)
 
         def rate(ks: tuple[int, ...]) -> float:
