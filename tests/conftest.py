@@ -95,8 +95,9 @@ def tiny_registry(monkeypatch, target):
         model, tokenizer = served[name]
         return copy.deepcopy(model), tokenizer  # a command may change its draft in place (int8)
 
-    real_load = models.load_model
+    real_load, real_check = models.load_model, models.check_name
     monkeypatch.setattr(models, "load_model", fake_load)
+    monkeypatch.setattr(models, "check_name", lambda name: None if name in served else real_check(name))
     return served
 
 

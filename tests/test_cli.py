@@ -89,7 +89,15 @@ def error_lines(err: str) -> int:
     return sum(1 for line in err.splitlines() if not line.startswith("[specdec] target "))
 
 
-def test_unknown_model_lists_known_names(capsys):
+def test_unknown_model_lists_known_names(capsys, monkeypatch):
+    """Before any model file is read: on a fresh machine, auto's look at the default draft once
+    assembled its GGUF first and printed the progress above the error."""
+    import specdec.models.registry as registry
+
+    def untouched(name):
+        raise AssertionError(f"{name}'s GGUF read before the target's name was checked")
+
+    monkeypatch.setattr(registry, "gguf_file", untouched)
     code, _, err = run(capsys, "generate", "--target", "no-such-model", "--prompt", "hi")
     assert code == 2 and "qwen2.5-coder-1.5b-instruct" in err and error_lines(err) == 1, err
 

@@ -330,6 +330,9 @@ def load_proposer(args: argparse.Namespace, method: Method):
     proposer (None: plain decoding). generate and check run this."""
     from ..methods.build import build_proposer, check_specdec
 
+    from ..models.load import check_name
+
+    check_name(args.target)  # a bad --target said before auto reads (or assembles) the draft's GGUF
     asked = method
     method, said = resolve(args, method)
     check_specdec(method)  # before the models load (slow)
