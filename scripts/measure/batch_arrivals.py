@@ -1,11 +1,15 @@
 """In-process, paired: the default pair's Batch under requests arriving at Poisson times, plain
-against the speculative plan (and the plan without re-timing its costs), each wave run once per
-variant in a rotating order, so a burst of interference on a noisy VM hits every variant alike.
+against the speculative plan (and the plan without re-timing its costs, or with the draft of a
+request that starts alone prefilled before its first token, as before commit ca2a37c), each
+wave run once per variant in a rotating order, so a burst of interference on a noisy VM hits
+every variant alike.
 No HTTP: what the batch and its plan cost, without the server's. Prints each wave's tokens per
 second in all (from the wave's start to its last token) and each variant's geometric mean over
 plain's. Run alone on the machine (flock):
 
     flock /tmp/cpu.lock .venv/bin/python scripts/measure/batch_arrivals.py --clients 4 --gap 1.0 --limit 64
+    flock /tmp/cpu.lock .venv/bin/python scripts/measure/batch_arrivals.py --clients 4 --gap 0 \
+        --variants plain spec spec-eager
 """
 
 from __future__ import annotations
@@ -27,7 +31,19 @@ from specdec.decode.sequence import Options
 from specdec.prompts.chat import encode_messages
 from specdec.prompts.datasets import Selection, load_prompts
 
-VARIANTS = ("plain", "spec", "spec-not-retimed")
+VARIANTS = ("plain", "spec", "spec-not-retimed", "spec-eager")
+
+
+class EagerBatch(Batch):
+    """The batch as it was before commit ca2a37c: a sequence that starts alone has its draft read
+    the whole prompt before its first round (the plan then never sees a catch-up for it)."""
+
+    def add(self, input_ids, options, slots=256):
+        alone = not self.sequences
+        d = super().add(input_ids, options, slots)
+        if alone and d in self.running and d.draft_lm is not None:
+            d.draft_lm.forward(d.prompt[d.draft_lm.length :], last_only=True)
+        return d
 
 
 def main() -> None:
@@ -37,33 +53,38 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=32, help="HumanEval prompts")
     parser.add_argument("--round-rows", type=int, default=64)
     parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS[:3]),
+                        help="what runs each wave (plain is the base of the ratios)")
     args = parser.parse_args()
+    variants = tuple(dict.fromkeys(["plain", *args.variants]))
     serve = build_parser("serve").parse_args(["serve", "--target", "qwen2.5-coder-1.5b-instruct",
                                               "--draft", "qwen2.5-coder-0.5b-instruct"])
     target, tokenizer, _, drafter = load_proposer(serve, method_of(serve))
     lm = runtime_of(target, preallocate=True)
     timed = measured_plan(lm, drafter)
     print(f"costs at start: {timed}", file=sys.stderr)
-    plans = {"spec": Planner(timed.verify, timed.draft, timed.catch_up, timed.measured),
-             "spec-not-retimed": Planner(timed.verify, timed.draft, timed.catch_up, timed.measured)}
-    plans["spec-not-retimed"].observe = lambda *reading: None
+    plans = {v: Planner(timed.verify, timed.draft, timed.catch_up, timed.measured) for v in variants if v != "plain"}
+    if "spec-not-retimed" in plans:
+        plans["spec-not-retimed"].observe = lambda *reading: None
     prompts, _ = load_prompts("humaneval", Selection(limit=args.limit))
     ids = [encode_messages(tokenizer, [{"role": "user", "content": p.text}]) for p in prompts]
     generate(lm, list(range(1, 9)), drafter=drafter, max_new_tokens=4, eos_token_id=[])  # warm-up
     for model in (lm, drafter.draft_lm):
         model.release()
-    rates: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    rates: dict[str, list[float]] = {v: [] for v in variants}
     for i, at in enumerate(range(0, len(ids), args.clients)):
         wave = ids[at : at + args.clients]
-        for variant in VARIANTS[i % len(VARIANTS):] + VARIANTS[: i % len(VARIANTS)]:
-            batch = Batch(lm, None if variant == "plain" else drafter, plans.get(variant), args.round_rows)
+        for variant in variants[i % len(variants):] + variants[: i % len(variants)]:
+            kind = EagerBatch if variant == "spec-eager" else Batch
+            batch = kind(lm, None if variant == "plain" else drafter, plans.get(variant), args.round_rows)
             rates[variant].append(_wave(batch, wave, arrival_offsets(len(wave), args.gap), args.max_new_tokens))
-        print(f"wave {i}: " + ", ".join(f"{v} {rates[v][-1]:.1f}" for v in VARIANTS), file=sys.stderr, flush=True)
-    for variant in VARIANTS:
+        print(f"wave {i}: " + ", ".join(f"{v} {rates[v][-1]:.1f}" for v in variants), file=sys.stderr, flush=True)
+    for variant in variants:
         ratio = np.array(rates[variant]) / np.array(rates["plain"])
         print(f"{variant}: in all median {np.median(rates[variant]):.2f} tok/s, over plain: geometric mean "
               f"{np.exp(np.log(ratio).mean()):.3f}, median {np.median(ratio):.3f}")
-    print(f"spec's costs re-timed while decoding, over those at start: {plans['spec'].retimed()}")
+    if "spec" in plans:
+        print(f"spec's costs re-timed while decoding, over those at start: {plans['spec'].retimed()}")
 
 
 def _wave(batch: Batch, prompts: list[list[int]], offsets: list[float], max_new_tokens: int) -> float:
