@@ -329,7 +329,6 @@ def load_proposer(args: argparse.Namespace, method: Method):
     """Target, tokenizer, `method` (what --proposer names: method_of) with auto resolved, and its
     proposer (None: plain decoding). generate and check run this."""
     from ..methods.build import build_proposer, check_specdec
-
     from ..models.load import check_name
 
     check_name(args.target)  # a bad --target said before auto reads (or assembles) the draft's GGUF

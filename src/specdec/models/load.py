@@ -55,7 +55,7 @@ def load_model(
         raise SpecdecError(f"{name_or_path} is a GGUF file: it runs on specdec's native runtime, as it is or as an int8 "
                            "or int3 form (--target-quant/--draft-quant int4, int8, int3; not dense, not --runtime hf); "
                            "for transformers' model pass a Hugging Face folder")
-    folder = converted_folder(spec) if spec else local_folder(name_or_path)
+    folder = converted_folder(spec) if spec else _local_folder(name_or_path)
     # Converted (or read from the cache) before this model loads: a conversion loads its own
     # dense copy, and two dense copies of the 1.5B target in float32 and bf16 take 9 GB.
     weights = registry_weights(spec, quant) if spec and quant != "none" else None
@@ -99,10 +99,10 @@ def check_name(name_or_path: str) -> None:
     from ..gguf import is_gguf
 
     if not is_gguf(name_or_path):
-        local_folder(name_or_path)
+        _local_folder(name_or_path)
 
 
-def local_folder(path: str) -> Path:
+def _local_folder(path: str) -> Path:
     """`path` as a Hugging Face model folder, or a one-line error saying what to pass instead."""
     folder = Path(path)
     if not folder.is_dir():
@@ -158,7 +158,7 @@ def load_tokenizer(name_or_path: str, trust_remote_code: bool = False) -> PreTra
         return tokenizer_of(name_or_path)
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(local_folder(name_or_path), trust_remote_code=trust_remote_code,
+    return AutoTokenizer.from_pretrained(_local_folder(name_or_path), trust_remote_code=trust_remote_code,
                                          local_files_only=True)
 
 
