@@ -19,8 +19,8 @@ from .args import (
     load_target,
     pay_advice,
     quant_record,
-    resolve,
 )
+from .auto import resolve
 from .bench_endpoints import bench_endpoints, finished_methods, keep_server_logs, served_endpoints
 from .options import at_least_one
 

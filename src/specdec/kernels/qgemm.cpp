@@ -642,6 +642,7 @@ template <int R>
 void avx2_rows(const Q8& w, const Acts& a, int64_t K, int64_t t, int64_t r0, float (*out)[16]) {
     const int64_t G = K / 16, SB = (G + w.gps - 1) / w.gps, blocks = K / 32;
     const __m256i zero = _mm256_set1_epi8(char(w.zero));
+    const bool six_bit = w.zero == 32;  // Q6_K's codes: |q - zero| <= 32, 4 pair sums below 2^15
     for (int h = 0; h < 2; ++h) {
         __m256 acc[R];
         for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
@@ -661,7 +662,7 @@ void avx2_rows(const Q8& w, const Acts& a, int64_t K, int64_t t, int64_t r0, flo
             for (int r = 0; r < R; ++r) {
                 const int32_t* xq = reinterpret_cast<const int32_t*>(&a.q[(r0 + r) * K + g * 16]);
                 __m256i isum = _mm256_setzero_si256();
-                if (w.zero == 32) {  // Q6_K's 6-bit codes: |q - zero| <= 32, 4 pair sums below 2^15
+                if (six_bit) {
                     __m256i pairs = _mm256_setzero_si256();
                     for (int j = 0; j < 4; ++j) {
                         const __m256i x = _mm256_set1_epi32(xq[j]);
