@@ -228,7 +228,7 @@ def test_the_default_restricts_the_draft_head_only_where_the_vocabulary_is_large
     from transformers import Qwen2Config
 
     from specdec.cli import build_parser
-    from specdec.cli.auto import draft_vocabulary
+    from specdec.cli.args import draft_vocabulary
     from specdec.models import target_form
     from specdec.tune.saved import default_choice
 
@@ -278,7 +278,7 @@ def test_the_default_without_the_kernels_vector_path(monkeypatch, path, kind, de
 def test_auto_asks_whether_the_draft_runs_int3(extra, runs):
     """The int3 default only where --draft runs on the native runtime; no model is read for it."""
     from specdec.cli import build_parser
-    from specdec.cli.auto import draft_runs
+    from specdec.cli.args import draft_runs
 
     args = build_parser().parse_args(["generate", "--prompt", "x", *extra])
     assert draft_runs(args, "int3") is runs and draft_runs(args, "int4") and draft_runs(args, None)

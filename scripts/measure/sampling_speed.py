@@ -60,9 +60,9 @@ def main() -> int:
         load_drafts,
         load_proposer,
         method_of,
+        resolve,
         resolve_target_form,
     )
-    from specdec.cli.auto import resolve
     from specdec.decode.engine import generate
     from specdec.decode.interface import runtime_of
     from specdec.methods.build import build_proposer

@@ -12,7 +12,6 @@ from ..tune.advice import Advice
 from ..tune.advise import AdviseSettings
 from ..tune.export import ENGINES
 from .args import (
-    add_model_args,
     draft_flags,
     load_drafts,
     load_target,
@@ -20,6 +19,7 @@ from .args import (
     say_target_form,
     setup_of,
 )
+from .flags import add_model_args
 from .options import add_settings, at_least_one, options, settings_of
 
 

@@ -1,4 +1,4 @@
-"""Arguments every command shares, and how they become method specs and loaded models.
+"""How the arguments every command shares (cli.flags) become method specs and loaded models.
 
 The flags -k, --max-ngram, --tree-width, --min-confidence, --pay-rule, --draft-quant (and its
 older spelling --draft-int8) and --draft-vocab are shorthands for options of a method spec (specdec.methods.spec): they fold into the
@@ -14,96 +14,10 @@ import sys
 from typing import TYPE_CHECKING
 
 from ..errors import SpecdecError
-from ..methods.kinds import KINDS
-from ..methods.spec import Flags, Method, parse
-from ..quant import DRAFT_MODES
-from ..runtime.choose import RUNTIMES
+from ..methods.spec import Flags, Method, parse, resolve_auto
 
 if TYPE_CHECKING:  # for annotations only: a command imports the advice (and scipy) when it needs it
     from ..tune.advice import Advice
-
-
-def add_model_args(p: argparse.ArgumentParser, draft_help: str = "draft model of draft and hybrid methods",
-                   target_quant: str = "auto") -> None:
-    """The target, the draft and how to load them; `target_quant` is --target-quant's default
-    (bench, sweep and perplexity compare forms and keep none, the dense copy)."""
-    from ..models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
-    from ..models.target_form import TARGET_FORMS
-
-    p.add_argument("--target", default=DEFAULT_TARGET,
-                   help="registry name, GGUF file (llama, qwen2, qwen3; or a folder holding one) or local HF model "
-                        "folder")
-    p.add_argument("--draft", default=DEFAULT_DRAFT, help=f"{draft_help}: as --target (a GGUF's tokenizer must be "
-                                                          "the target's)")
-    p.add_argument("--target-quant", default=target_quant, choices=TARGET_FORMS,
-                   help="the target's linear layers as 8-bit or 4-bit codes on specdec's int8-activation kernels "
-                        "(CPU): a GGUF (or registry model) as it is, every Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q5_K/Q6_K "
-                        "block kept exactly (int4; int8 rounds its 4- and 5-bit blocks to 8); a folder rounded. "
-                        "Lossless speculation is then relative to the quantized target. auto: the fastest form of "
-                        "the model as shipped, int4 for a GGUF on a CPU where specdec's kernels run, dense elsewhere "
-                        f"(default: {target_quant})")
-    p.add_argument("--draft-quant", default=None, choices=DRAFT_MODES,
-                   help="quant= for every draft method: the draft's linear layers as 8-, 4- or 3-bit codes "
-                        "(CPU; int3 on the native runtime), a cheaper draft, still lossless")
-    p.add_argument("--draft-int8", action="store_true", help="the same as --draft-quant int8")
-    p.add_argument("--quant-group", type=int, default=32, metavar="G",
-                   help="int4 group size (inputs per scale) when a Hugging Face folder is rounded to int4 "
-                        "(32, 64, 128 or 256); a registry model's GGUF blocks are groups of 32")
-    p.add_argument("--draft-vocab", type=int, default=None, metavar="N",
-                   help="vocab=N for every draft method: the draft scores only the N most frequent token ids "
-                        "(e.g. 32768), a cheaper draft step, still lossless")
-    p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"],  # models.load.DTYPES
-                   help="auto: bfloat16 where the hardware has it natively, else float32")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--runtime", default="auto", choices=RUNTIMES,
-                   help="native: specdec's own runtime (GGUF files and registry models of the Llama family in "
-                        "int4 or int8 on the CPU: one C++ call per forward); hf: transformers' model with specdec's forward; auto: "
-                        "native where it runs the model as asked, else hf")
-    p.add_argument("--trust-remote-code", action="store_true",
-                   help="allow a local model folder to run its own Python code")
-
-
-def add_method_args(p: argparse.ArgumentParser, default: str) -> None:
-    """--proposer SPEC and the flags that fold into it (generate, check)."""
-    p.add_argument("--proposer", default=default, metavar="SPEC",
-                   help=f"a method spec, KIND[:OPTION=VALUE]... with KIND one of {', '.join(KINDS)} (none = ar, "
-                        "plain decoding), e.g. draft:k=4:quant=int8; auto: what `specdec advise` measured best for "
-                        "this target, draft and machine (plain decoding where speculation does not pay); hybrid: "
-                        "prompt lookup when an n-gram matches, the draft model otherwise")
-    p.add_argument("-k", type=int, default=None, help="k=: tokens proposed per round (default 2)")
-    p.add_argument("--max-ngram", type=int, default=None, help="ngram=: longest n-gram prompt lookup matches (3)")
-    p.add_argument("--tree-width", type=int, default=None, metavar="W",
-                   help="width=: tree speculation, beside each draft guess its W-1 next most likely tokens as "
-                        "alternatives, all verified in one target forward (1 = a plain chain)")
-    p.add_argument("--min-confidence", type=float, default=None, metavar="P",
-                   help="conf=: adaptive k, a round stops guessing after a draft probability below P")
-    p.add_argument("--pay-rule", metavar="FILE",
-                   help="pay=1: adaptive k by the cost model, a round stops guessing when one more guess is not "
-                        "expected to pay, judged from the cost terms in FILE (the JSON of `specdec advise --json` "
-                        "for this pair); -k is then the most a round guesses")
-
-
-def add_sampling_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    p.add_argument("--top-k", type=int, default=None)
-    p.add_argument("--top-p", type=float, default=None)
-    p.add_argument("--min-p", type=_min_p, default=0.0, metavar="P",
-                   help="keep the tokens at least P times as likely as the most likely one (llama.cpp's "
-                        "min-p; 0 = off, its default chain uses 0.05)")
-    p.add_argument("--seed", type=int, default=None)
-
-
-def _min_p(text: str) -> float:
-    """--min-p's value: a number in [0, 1), or argparse's error that says what to give."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not 0 <= value < 1:
-        raise argparse.ArgumentTypeError(
-            f"must be a number in [0, 1), got {text!r}: 0 turns min-p off, 0.05 is llama.cpp's default")
-    return value
 
 
 def draft_flags(args: argparse.Namespace) -> Flags:
@@ -197,6 +111,57 @@ def setup_of(args: argparse.Namespace, vocab: int | None, runtime: str | None = 
     return Setup.create(target, args.draft, args.dtype, args.device, vocab)
 
 
+def resolve(args: argparse.Namespace, method: Method) -> tuple[Method, str | None]:
+    """`auto` replaced by what the saved advice (or the device default) chose, with auto's own
+    options where that method takes them; and a line saying so (None for other methods)."""
+    from ..tune.saved import choose
+
+    if method.kind != "auto":
+        return method, None
+    chosen, why = choose(setup_of(args, method.vocab), lambda: draft_vocabulary(args),
+                         lambda quant: draft_runs(args, quant))
+    resolved, dropped = resolve_auto(method, chosen)
+    shown = "plain decoding" if resolved.kind == "ar" else resolved.label
+    unused = f"; {', '.join(dropped)} not applied" if dropped and resolved.kind != "ar" else ""
+    return resolved, f"{shown} ({why}){unused}"
+
+
+def draft_runs(args: argparse.Namespace, quant: str | None) -> bool:
+    """Whether --draft runs in the weight form `quant` where --runtime puts it (int3: only on
+    specdec's native runtime)."""
+    from ..errors import SpecdecError
+    from ..quant import NATIVE_ONLY
+    from ..runtime.choose import use_native
+
+    if quant not in NATIVE_ONLY:
+        return True
+    try:
+        return use_native(args.runtime, args.draft, quant, args.device)
+    except SpecdecError:  # --runtime native and a draft it cannot run: the draft's loader says so later
+        return False
+
+
+def draft_vocabulary(args: argparse.Namespace) -> int | None:
+    """The vocabulary size of --draft (a GGUF's metadata, a local folder's config), read without
+    loading weights; None where there is no draft or no readable config (a hub id is not fetched
+    for this)."""
+    from pathlib import Path
+
+    from ..gguf import gguf_path, is_gguf, prepared
+
+    if is_gguf(args.draft):
+        return prepared(gguf_path(args.draft))[1].config.vocab
+    if not Path(args.draft).is_dir():
+        return None
+    from transformers import AutoConfig
+
+    where = args.draft
+    try:
+        return AutoConfig.from_pretrained(where, trust_remote_code=args.trust_remote_code).vocab_size
+    except (OSError, ValueError):
+        return None
+
+
 def pay_advice(args: argparse.Namespace, asked: Method | None, runs: Method | None) -> Advice | None:
     """The advice whose cost terms pay=1 stops by: --pay-rule FILE, else, where `auto` (`asked`)
     chose a method with pay=1 (`runs`), the saved advice that chose it; None otherwise."""
@@ -279,7 +244,6 @@ def load_proposer(args: argparse.Namespace, method: Method):
     proposer (None: plain decoding). generate and check run this."""
     from ..methods.build import build_proposer, check_specdec
     from ..models.load import check_name
-    from .auto import resolve
 
     check_name(args.target)  # a bad --target said before auto reads (or assembles) the draft's GGUF
     asked = method

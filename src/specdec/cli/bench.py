@@ -12,15 +12,14 @@ from ..errors import SpecdecError
 from ..methods.kinds import KINDS
 from ..methods.spec import Method
 from .args import (
-    add_model_args,
-    add_sampling_args,
     draft_flags,
     load_drafts,
     load_target,
     pay_advice,
     quant_record,
+    resolve,
 )
-from .auto import resolve
+from .flags import add_model_args, add_sampling_args
 from .bench_endpoints import bench_endpoints, finished_methods, keep_server_logs, served_endpoints
 from .options import at_least_one
 

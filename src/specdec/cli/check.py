@@ -9,7 +9,8 @@ import time
 
 from ..conform.check import CheckPlan
 from ..errors import SpecdecError
-from .args import add_method_args, add_model_args, load_proposer, method_of, quant_record
+from .args import load_proposer, method_of, quant_record
+from .flags import add_method_args, add_model_args
 from .options import add_settings, check_draft_form, check_target_options, positive_settings, settings_of
 
 

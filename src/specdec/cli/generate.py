@@ -8,14 +8,8 @@ import sys
 from pathlib import Path
 
 from ..errors import SpecdecError
-from .args import (
-    add_method_args,
-    add_model_args,
-    add_sampling_args,
-    load_proposer,
-    method_of,
-    quant_record,
-)
+from .args import load_proposer, method_of, quant_record
+from .flags import add_method_args, add_model_args, add_sampling_args
 from .options import at_least_one, check_draft_form, check_sampling, check_target_options
 
 

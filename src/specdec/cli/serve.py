@@ -8,7 +8,7 @@ import signal
 import sys
 
 from ..errors import SpecdecError
-from .args import add_method_args, add_model_args, add_sampling_args
+from .flags import add_method_args, add_model_args, add_sampling_args
 from .options import at_least_one
 
 API_KEY_ENV = "SPECDEC_API_KEY"

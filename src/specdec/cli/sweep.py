@@ -8,7 +8,8 @@ from pathlib import Path
 
 from ..errors import SpecdecError
 from ..tune.sweep import SweepSettings
-from .args import add_model_args, draft_flags, load_drafts, load_target, quant_record
+from .args import draft_flags, load_drafts, load_target, quant_record
+from .flags import add_model_args
 from .options import add_settings, at_least_one, ints, options, settings_of
 
 SWEEP_ROWS_MD, SWEEP_PLOT, SWEEP_SUMMARY = "sweep.md", "sweep.png", "sweep.json"
