@@ -21,8 +21,9 @@ from gguf import GGMLQuantizationType, quants
 
 from specdec import kernels
 from specdec.errors import SpecdecError
-from specdec.quant.weights import (_affine, q3_rtn, q4_rtn, q4k_split, q5k_split, q6k_split, q8_rtn, q40_split,
-                                   q41_split, q50_split, q51_split, q80_split)
+from specdec.quant.gguf_blocks import (q4k_split, q5k_split, q6k_split, q40_split, q41_split, q50_split, q51_split,
+                                       q80_split)
+from specdec.quant.weights import _affine, q3_rtn, q4_rtn, q8_rtn
 
 SHAPES = [(16, 32), (48, 96), (64, 896), (256, 1536), (32, 8960)]  # 896, 96: a short last super-block
 
