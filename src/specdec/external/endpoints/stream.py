@@ -30,9 +30,9 @@ from dataclasses import dataclass, field
 import httpx
 
 from ...errors import SpecdecError
+from .logprobs import Top, token_entries
 from .spec import CHAT, IDS, TEXT, Endpoint, describe
 
-Top = list[tuple[int | str, float]]  # one position's alternatives, best first: (id, or text where no id; logprob)
 FINISH = {"stop": "eos", "length": "length"}  # OpenAI's finish reasons as specdec's rows spell them
 
 
@@ -258,7 +258,7 @@ def _take(chunk: dict, out: Streamed, at: float, endpoint: Endpoint) -> None:
         return  # the usage chunk of OpenAI's stream_options has an empty list
     choice = choices[0]
     text = (choice.get("delta") or {}).get("content") if endpoint.api == CHAT else choice.get("text")
-    entries = _entries(choice.get("logprobs"))
+    entries = token_entries(choice.get("logprobs"))
     if text or entries:
         out.text += text or ""
         out.chunk_texts.append(text or "")
@@ -271,52 +271,6 @@ def _take(chunk: dict, out: Streamed, at: float, endpoint: Endpoint) -> None:
             out.top.append(top)
     if choice.get("finish_reason"):
         out.finish_reason = FINISH.get(choice["finish_reason"], choice["finish_reason"])
-
-
-def _entries(logprobs: dict | None) -> list[tuple[int | None, str, Top]]:
-    """(token id or None, its text, its alternatives) per token of a chunk, in both layouts
-    servers use: `content` entries (chat; llama.cpp everywhere) or the completions API's parallel
-    lists (vLLM spells a token `token_id:N` there, its text is then unknown: "")."""
-    if not logprobs:
-        return []
-    if "content" in logprobs:
-        return [(_id(e), _piece(e.get("token")), _best_first([(_key(a), float(a["logprob"]))
-                                                              for a in e.get("top_logprobs") or []]))
-                for e in logprobs["content"] or []]
-    tokens = logprobs.get("tokens") or []
-    tops = logprobs.get("top_logprobs") or [None] * len(tokens)
-    return [(_token_id(t), _piece(t), _best_first([(_token_id(k) if _token_id(k) is not None else k, float(v))
-                                                   for k, v in (top or {}).items()]))
-            for t, top in zip(tokens, tops)]
-
-
-def _piece(token) -> str:
-    return "" if not isinstance(token, str) or _token_id(token) is not None else token
-
-
-def _best_first(top: Top) -> Top:
-    return sorted(top, key=lambda pair: -pair[1])
-
-
-def _key(entry: dict) -> int | str:
-    token_id = _id(entry)
-    return token_id if token_id is not None else entry.get("token", "")
-
-
-def _id(entry: dict) -> int | None:
-    if isinstance(entry.get("id"), int):
-        return entry["id"]
-    return _token_id(entry.get("token"))
-
-
-def _token_id(token) -> int | None:
-    """vLLM's `token_id:N` spelling, else None."""
-    if isinstance(token, str) and token.startswith("token_id:"):
-        try:
-            return int(token[len("token_id:"):])
-        except ValueError:
-            return None
-    return None
 
 
 def _short(text: str, limit: int = 120) -> str:
