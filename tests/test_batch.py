@@ -481,6 +481,47 @@ def test_the_plan_re_times_its_costs_from_the_forwards_it_runs():
     assert plan.verify(2) == pytest.approx(0.060)
 
 
+def test_a_size_re_timed_dear_costs_no_more_than_a_larger_size_read():
+    """Readings of 4-row forwards in a slow spell (x2) beside 6-row ones at x1: the 4 rows cost
+    what 6 cost, not more, so plain rounds of 4 sequences are not priced above guessing rounds of
+    6 rows (which the plan, choosing them, would keep re-timing while 4 rows stay dear)."""
+    from specdec.decode.plan import LEAST_READINGS, Planner, curve
+
+    given = curve({1: 0.030, 4: 0.040, 6: 0.050, 8: 0.060})
+    plan = Planner(given, None)
+    for _ in range(LEAST_READINGS):
+        plan.observe("verify", 4, 2 * given(4))
+        plan.observe("verify", 6, given(6))
+    assert plan.verify(6) == pytest.approx(0.050) and plan.verify(4) == pytest.approx(0.050)
+    assert plan.verify(5) <= plan.verify(6) and plan.verify(8) == pytest.approx(0.060)
+    assert plan.verify(2) == pytest.approx(0.050)  # ratio x2 below the sizes read, floored by 6's
+
+
+def test_guesses_must_promise_the_margin_over_plain_rows():
+    """Four sequences at 75% acceptance under costs where the best plan's rate beats all-plain
+    by 6% (within a noisy machine's error, MARGIN 10%): all plain; with the verify rows cheaper,
+    the best beats plain by 25% and the plan takes it (within 2% of the best of all 5^4)."""
+    import itertools
+    from types import SimpleNamespace
+
+    from specdec.decode.plan import MARGIN, Planner, curve
+    from specdec.decode.stats import GenerationStats
+
+    stats = GenerationStats()
+    stats.position_judged, stats.position_accepted = [1000], [750]
+    sequences = [SimpleNamespace(stats=stats, draft_lm=None)] * 4
+    alphas = [0.75] * 4
+    draft = curve({1: 0.007, 8: 0.012})
+    for per_row, taken in ((0.0050, False), (0.0025, True)):  # a verify row beyond 4 costs per_row
+        plan = Planner(curve({4: 0.045, 32: 0.045 + 28 * per_row}), draft)
+        ks = plan(sequences, [4] * 4)
+        best = max(plan.rate(list(k), alphas) for k in itertools.product(range(5), repeat=4))
+        gain = best / plan.rate([0] * 4, alphas)
+        assert (gain > 1 + MARGIN) == taken and gain > 1.0, gain  # 1.06 and 1.25
+        assert (min(ks) > 0) == taken, (per_row, ks)
+        assert not taken or plan.rate(ks, alphas) >= 0.98 * best
+
+
 def test_a_batch_tells_its_plan_how_long_each_forward_took(models):
     """Every round's target forward is read at its rows (each sequence's block plus riding
     prompt rows) and every draft step at its lanes; outputs stay each prompt's alone."""

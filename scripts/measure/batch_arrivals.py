@@ -1,6 +1,7 @@
 """In-process, paired: the default pair's Batch under requests arriving at Poisson times, plain
 against the speculative plan (and the plan without re-timing its costs, or with the draft of a
-request that starts alone prefilled before its first token, as before commit ca2a37c), each
+request that starts alone prefilled before its first token, as before commit ca2a37c, or taking
+guesses that promise any gain over plain rows: no margin), each
 wave run once per variant in a rotating order, so a burst of interference on a noisy VM hits
 every variant alike.
 No HTTP: what the batch and its plan cost, without the server's. Prints each wave's tokens per
@@ -31,7 +32,7 @@ from specdec.decode.sequence import Options
 from specdec.prompts.chat import encode_messages
 from specdec.prompts.datasets import Selection, load_prompts
 
-VARIANTS = ("plain", "spec", "spec-not-retimed", "spec-eager")
+VARIANTS = ("plain", "spec", "spec-not-retimed", "spec-eager", "spec-no-margin")
 
 
 class EagerBatch(Batch):
@@ -66,6 +67,8 @@ def main() -> None:
     plans = {v: Planner(timed.verify, timed.draft, timed.catch_up, timed.measured) for v in variants if v != "plain"}
     if "spec-not-retimed" in plans:
         plans["spec-not-retimed"].observe = lambda *reading: None
+    if "spec-no-margin" in plans:
+        plans["spec-no-margin"].margin = 0.0
     prompts, _ = load_prompts("humaneval", Selection(limit=args.limit))
     ids = [encode_messages(tokenizer, [{"role": "user", "content": p.text}]) for p in prompts]
     generate(lm, list(range(1, 9)), drafter=drafter, max_new_tokens=4, eos_token_id=[])  # warm-up

@@ -8,7 +8,7 @@ with a_s its own acceptance per judged guess so far (a prior until its rounds sa
 starts from the best k shared by all sequences, then moves one sequence's k up or down, or
 every sequence up to a level, by whatever move gives the best rate of the batch, while that
 rate grows; so plain rows (k = 0) where guessing does not pay for the rows it adds, guesses
-where it does. A sequence whose draft has fallen behind (plain rounds, or only the prompt's first
+where it does, by a margin over all-plain (MARGIN). A sequence whose draft has fallen behind (plain rounds, or only the prompt's first
 token read: decode.batch) first pays the draft's catch-up block, a one-time cost the plan spreads
 over the rounds the sequence has left. The costs are measured on the models at hand
 (measured_plan: a second or two at a server's start), never assumed, and re-timed from the
@@ -43,6 +43,11 @@ CONTEXT = 128  # positions in the cache while measuring
 # block past ~64 rows costs about the same on these CPUs (compute-bound), so the choice is loose.
 PROMPT_BLOCK = 256
 RECENT, LEAST_READINGS = 16, 4  # forwards re-timed per block size; readings before they count
+# What guessing must promise over plain rows before the plan takes it. The rates are predicted
+# from costs a noisy VM reads 10-30% apart from one spell to the next, and a plan's guesses pay
+# beyond its rounds (the draft's catch-up, longer rounds for everyone): on the Zen 4 at 4
+# clients, plans the rates put 5-9% ahead of plain ran 9% behind it.
+MARGIN = 0.10
 
 
 def curve(points: dict[int, float]) -> Callable[[int], float]:
@@ -70,6 +75,7 @@ class Planner:
     draft: Callable[[int], float] | None
     catch_up: Callable[[int], float] | None = None  # the draft over a block of n rows of one sequence
     measured: dict[str, dict[int, float]] | None = None  # measured_plan's points: seconds by rows
+    margin: float = MARGIN
 
     def __post_init__(self):
         self._given = {"verify": self.verify, "draft": self.draft}
@@ -125,12 +131,12 @@ class Planner:
         best = rate(ks)
         while True:
             tries = [(rate(t), t) for t in _moves(ks, most)]
-            if not tries:
-                return list(ks)
-            got, t = max(tries, key=lambda x: x[0])
+            got, t = max(tries, key=lambda x: x[0]) if tries else (best, ks)
             if got <= best:
-                return list(ks)
+                break
             ks, best = t, got
+        plain = (0,) * len(most)
+        return list(ks if best >= (1 + self.margin) * rate(plain) else plain)
 
     def rate(self, ks: Sequence[int], alphas: Sequence[float], behind: Sequence[float] | None = None,
              riding: Riding | None = None) -> float:
@@ -160,14 +166,21 @@ class Planner:
 
 def _scaled(given: Callable[[int], float], ratios: dict[int, float]) -> Callable[[int], float]:
     """`given` times the ratio read at n, interpolated between the sizes read (beyond them: the
-    nearest one's)."""
+    nearest one's), and never above what a larger size read costs (as curve's points: more rows
+    never cost less). Without that floor a size read in a slow spell stays dear: on the Zen 4
+    4-row readings at x2.07 against 6 rows' x1.15 priced plain rounds of 4 sequences above
+    guessing rounds of 7 rows, the plan then never chose 4 rows again to re-time them, and
+    speculation ran at 0.88x plain's tokens in all (scripts/measure/batch_arrivals.py)."""
     xs = np.array(sorted(ratios), dtype=float)
     ys = np.array([ratios[int(x)] for x in xs])
     known: dict[int, float] = {}  # a plan asks the same few sizes many times a round
 
+    def scaled(n: int) -> float:
+        return given(n) * float(np.interp(n, xs, ys))
+
     def cost(n: int) -> float:
         if n not in known:
-            known[n] = given(n) * float(np.interp(n, xs, ys))
+            known[n] = min([scaled(n)] + [scaled(int(m)) for m in xs if m > n])
         return known[n]
 
     return cost
