@@ -1,7 +1,8 @@
 """Measure the native runtime (docs/runtime.md): read bandwidth, the int4 1.5B target's plain
 decode step against today's path (transformers + QuantLinear through CausalLM), the 0.5B
 draft's step (int4 with the full and a 32768-id head, int3 with the 32768-id head), a step's
-profile, and optionally paired tok/s of plain decoding against draft:k=3 on HumanEval prompts.
+profile, where a forward's time goes by stage over 1-16 rows (`--parts rows`: a block of one
+sequence and one row each of n lanes, target and int3 draft), and optionally paired tok/s of plain decoding against draft:k=3 on HumanEval prompts.
 Run under the CPU lock:
 
     flock /tmp/cpu.lock env PYTHONPATH=src .venv/bin/python scripts/measure/runtime_bench.py [--parts ...]
@@ -85,6 +86,36 @@ def profile(lm, prompt: torch.Tensor, count: int = 32) -> dict:
             "other_c_ms": sum(stages.values()) - kernels, "python_glue_ms": 1e3 * wall - sum(stages.values())}
 
 
+def row_profiles(lm, prompt: torch.Tensor, sizes=(1, 2, 4, 8, 16), repeats: int = 7) -> dict:
+    """Median ms per stage of one forward over n rows after the prompt: a block of n rows of one
+    sequence (a verify block, a prompt chunk) and n lanes of one row each (a batch's plain rows,
+    a draft step's), the first reading of each discarded."""
+    from specdec.decode.batch import forward_blocks
+
+    lanes = [lm.lane(prompt.numel() + 2 * max(sizes)) for _ in range(max(sizes))]
+    for lane in lanes:
+        lane.prefill(prompt)
+    out = {}
+    for kind in ("block", "lanes"):
+        for n in sizes:
+            blocks = ([(lanes[0], prompt[:n], False)] if kind == "block"
+                      else [(lane, prompt[:1], False) for lane in lanes[:n]])
+            readings = []
+            for at in range(repeats + 1):
+                stage_seconds()
+                began = time.perf_counter()
+                forward_blocks(blocks)
+                wall, stages = time.perf_counter() - began, stage_seconds()
+                for lane, _, _ in blocks:
+                    lane.trim(prompt.numel())
+                if at:
+                    readings.append({"wall": wall, **stages})
+            out[f"{kind} {n}"] = {k: round(1e3 * statistics.median(r[k] for r in readings), 2) for k in readings[0]}
+    for lane in lanes:
+        lane.release()
+    return out
+
+
 def humaneval(tokenizer, count: int) -> list[torch.Tensor]:
     prompts = read_prompts(dataset_path("humaneval"))[:count]
     return [torch.tensor(encode_prompt(tokenizer, p.text)) for p in prompts]
@@ -109,7 +140,7 @@ def tok_per_s(target, draft, prompts: list[torch.Tensor], new: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--parts", nargs="+", default=["bandwidth", "target", "draft", "profile"],
-                        choices=["bandwidth", "target", "draft", "profile", "toks"])
+                        choices=["bandwidth", "target", "draft", "profile", "rows", "toks"])
     parser.add_argument("--prompts", type=int, default=3)
     parser.add_argument("--new", type=int, default=64)
     parser.add_argument("--out", default="/tmp/runtime_bench.json")
@@ -132,7 +163,9 @@ def main() -> None:
         del today
     if "profile" in args.parts:
         report["profile_target"] = profile(target, prompt)
-    if "draft" in args.parts or "toks" in args.parts:
+    if "rows" in args.parts:
+        report["rows_target"] = row_profiles(target, prompt)
+    if {"draft", "rows", "toks"} & set(args.parts):
         draft = load_gguf(DRAFT, "int4")
         keep = frequent_tokens(bundled_text_tokens(tokenizer), 32768, draft.vocab_size, tokenizer.all_special_ids)
         small = load_gguf(DRAFT, "int4", head_ids=keep)
@@ -145,6 +178,8 @@ def main() -> None:
                                "weight_bytes": {n: d.weight_bytes() for n, d in drafts.items()}}
             report["profile_draft_32768"] = profile(small, prompt)
             report["profile_draft_int3_32768"] = profile(drafts["draft_int3_32768"], prompt)
+        if "rows" in args.parts:
+            report["rows_draft_int3_32768"] = row_profiles(load_gguf(DRAFT, "int3", head_ids=keep), prompt)
         if "toks" in args.parts:
             report["toks"] = tok_per_s(target, small, humaneval(tokenizer, args.prompts), args.new)
     Path(args.out).write_text(json.dumps(report, indent=1))
