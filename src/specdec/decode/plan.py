@@ -8,12 +8,13 @@ with a_s its own acceptance per judged guess so far (a prior until its rounds sa
 starts from the best k shared by all sequences, then moves one sequence's k up or down, or
 every sequence up to a level, by whatever move gives the best rate of the batch, while that
 rate grows; so plain rows (k = 0) where guessing does not pay for the rows it adds, guesses
-where it does, by a margin over all-plain (MARGIN). A sequence whose draft has fallen behind (plain rounds, or only the prompt's first
-token read: decode.batch) first pays the draft's catch-up block, a one-time cost the plan spreads
-over the rounds the sequence has left. The costs are measured on the models at hand
-(measured_plan: a second or two at a server's start), never assumed, and re-timed from the
-batch's own forwards while it runs (Planner.observe): a start on a noisy VM read the same
-16-row forward 20-40% apart, and the contexts served are longer than the one timed.
+where it does by a margin over all-plain (MARGIN). A sequence whose draft has fallen behind
+(plain rounds, or only the prompt's first token read: decode.batch) first pays the draft's
+catch-up block, a one-time cost the plan spreads over the rounds the sequence has left. The
+costs are measured on the models at hand (measured_plan: a second or two at a server's start),
+never assumed, and re-timed from the batch's own forwards while it runs (Planner.observe): a
+start on a noisy VM read the same 16-row forward 20-40% apart, and the contexts served are
+longer than the one timed.
 
 The plan depends only on earlier rounds and on measured costs, never on the target's
 distribution of the round it plans, so sampling stays exact (as adaptive k's policies).
@@ -130,8 +131,7 @@ class Planner:
         ks = max((_level((0,) * len(most), most, level) for level in range(max(most) + 1)), key=rate)
         best = rate(ks)
         while True:
-            tries = [(rate(t), t) for t in _moves(ks, most)]
-            got, t = max(tries, key=lambda x: x[0]) if tries else (best, ks)
+            got, t = max(((rate(t), t) for t in _moves(ks, most)), key=lambda x: x[0], default=(best, ks))
             if got <= best:
                 break
             ks, best = t, got
