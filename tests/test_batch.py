@@ -400,7 +400,7 @@ def test_a_lone_sequence_guesses_as_its_proposer_says_unless_its_drafts_catch_up
     round, whose draft has read only the prompt's first token (a batch defers the draft's
     prefill to the first round's plan), is not behind that way: alone, it guesses as a request
     decoded by itself does (its draft then reads the prompt), even with 4 tokens left; beside
-    a joining prompt, the plan weighs the catch-up."""
+    a joining prompt it stays plain (no catch-up rides with a prompt)."""
     from types import SimpleNamespace
 
     from specdec.decode.plan import Planner, curve
@@ -420,6 +420,31 @@ def test_a_lone_sequence_guesses_as_its_proposer_says_unless_its_drafts_catch_up
     assert plan([seq(1, 100)], [4])[0] > 0
     assert plan([seq(1, 4, rounds=0)], [4]) == [4]
     assert plan([seq(1, 4, rounds=0)], [4], lambda rows: 60) == [0]
+
+
+def test_a_draft_never_catches_up_in_a_round_that_carries_a_prompt():
+    """Under costs where a lagging draft's catch-up pays (cheap, 100 tokens left), the plan has
+    it guess beside a caught-up sequence; in a round that carries a joining prompt's rows it
+    keeps that sequence plain (the round is long already: the catch-up would lengthen every
+    stream's wait) while the caught-up one may still guess; with every draft lagging, the round
+    is plain."""
+    from types import SimpleNamespace
+
+    from specdec.decode.plan import Planner, curve
+    from specdec.decode.stats import GenerationStats
+
+    def seq(draft_length: int):
+        stats = GenerationStats()
+        stats.rounds, stats.position_judged, stats.position_accepted = 20, [100], [90]
+        return SimpleNamespace(stats=stats, length=301, new=28, draft_lm=SimpleNamespace(length=draft_length),
+                               options=SimpleNamespace(max_new_tokens=128))
+
+    plan = Planner(curve({1: 0.024, 4: 0.026, 64: 0.1}), curve({1: 0.004, 8: 0.006}), curve({1: 0.001, 300: 0.01}))
+    lagging, caught_up = seq(1), seq(299)
+    assert all(k > 0 for k in plan([lagging, caught_up], [4, 4]))
+    ks = plan([lagging, caught_up], [4, 4], lambda rows: 16)
+    assert ks[0] == 0 and ks[1] > 0, ks
+    assert plan([lagging, seq(100)], [4, 4], lambda rows: 16) == [0, 0]
 
 
 def test_prompt_rows_riding_in_a_round_are_charged_to_the_prompt_and_guesses_pay_for_those_they_push_out():

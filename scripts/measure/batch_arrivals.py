@@ -5,8 +5,9 @@ guesses that promise any gain over plain rows: no margin), each
 wave run once per variant in a rotating order, so a burst of interference on a noisy VM hits
 every variant alike.
 No HTTP: what the batch and its plan cost, without the server's. Prints each wave's tokens per
-second in all (from the wave's start to its last token) and each variant's geometric mean over
-plain's. Run alone on the machine (flock):
+second in all (from the wave's start to its last token) and its longest stall (the longest
+wait of a running sequence for its next token), and each variant's geometric mean over plain's.
+Run alone on the machine (flock):
 
     flock /tmp/cpu.lock .venv/bin/python scripts/measure/batch_arrivals.py --clients 4 --gap 1.0 --limit 64
     flock /tmp/cpu.lock .venv/bin/python scripts/measure/batch_arrivals.py --clients 4 --gap 0 \
@@ -75,35 +76,51 @@ def main() -> None:
     for model in (lm, drafter.draft_lm):
         model.release()
     rates: dict[str, list[float]] = {v: [] for v in variants}
+    stalls: dict[str, list[float]] = {v: [] for v in variants}
     for i, at in enumerate(range(0, len(ids), args.clients)):
         wave = ids[at : at + args.clients]
         for variant in variants[i % len(variants):] + variants[: i % len(variants)]:
             kind = EagerBatch if variant == "spec-eager" else Batch
             batch = kind(lm, None if variant == "plain" else drafter, plans.get(variant), args.round_rows)
-            rates[variant].append(_wave(batch, wave, arrival_offsets(len(wave), args.gap), args.max_new_tokens))
-        print(f"wave {i}: " + ", ".join(f"{v} {rates[v][-1]:.1f}" for v in variants), file=sys.stderr, flush=True)
+            rate, stall = _wave(batch, wave, arrival_offsets(len(wave), args.gap), args.max_new_tokens)
+            rates[variant].append(rate)
+            stalls[variant].append(stall)
+        print(f"wave {i}: " + ", ".join(f"{v} {rates[v][-1]:.1f} (stall {stalls[v][-1]:.2f} s)" for v in variants),
+              file=sys.stderr, flush=True)
     for variant in variants:
         ratio = np.array(rates[variant]) / np.array(rates["plain"])
         print(f"{variant}: in all median {np.median(rates[variant]):.2f} tok/s, over plain: geometric mean "
-              f"{np.exp(np.log(ratio).mean()):.3f}, median {np.median(ratio):.3f}")
+              f"{np.exp(np.log(ratio).mean()):.3f}, median {np.median(ratio):.3f}; longest stall a wave median "
+              f"{np.median(stalls[variant]):.2f} s, max {max(stalls[variant]):.2f} s")
     if "spec" in plans:
         print(f"spec's costs re-timed while decoding, over those at start: {plans['spec'].retimed()}")
 
 
-def _wave(batch: Batch, prompts: list[list[int]], offsets: list[float], max_new_tokens: int) -> float:
+def _wave(batch: Batch, prompts: list[list[int]], offsets: list[float], max_new_tokens: int) -> tuple[float, float]:
     """The wave's requests added at their arrival times, the batch stepped until all end: new
-    tokens in all per second from the wave's start."""
+    tokens in all per second from the wave's start, and the longest a sequence that had its
+    first token waited for its next."""
     start, pending, started = time.perf_counter(), list(zip(offsets, prompts)), []
+    last: dict = {}  # sequence -> (tokens, when they last grew)
+    stall = 0.0
     while pending or batch.sequences:
         now = time.perf_counter() - start
         while pending and pending[0][0] <= now:
             prompt = pending.pop(0)[1]
             started.append(batch.add(prompt, Options(max_new_tokens), len(prompt) + max_new_tokens + 16))
+            if started[-1].new:  # started alone: its first token now
+                last[started[-1]] = (started[-1].new, time.perf_counter())
         if not batch.sequences:
             time.sleep(max(0.0, pending[0][0] - now))
             continue
         batch.step()
-    return sum(d.new for d in started) / (time.perf_counter() - start)
+        now = time.perf_counter()
+        for d in started:
+            seen, at = last.get(d, (0, now))
+            if d.new > seen:
+                stall = max(stall, now - at) if seen else stall
+                last[d] = (d.new, now)
+    return sum(d.new for d in started) / (time.perf_counter() - start), stall
 
 
 if __name__ == "__main__":

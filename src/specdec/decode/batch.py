@@ -77,7 +77,7 @@ class Batch:
         even one that starts alone: its first token comes before the draft's prefill, and by its
         first round the plan knows who joined meanwhile (a server's requests sent at once arrive
         one by one): still alone, it guesses as its proposer says (decode.plan), else the plan
-        weighs the draft's catch-up against the tokens it buys.
+        weighs the draft's catch-up against the tokens it buys (never while a prompt rides).
         Without a plan every draft reads the prompt now, as generate's does.
         `slots`: the cache positions its lanes start with (they grow on demand; a server
         reserves what a request may reach, so its keys never move)."""

@@ -119,11 +119,17 @@ class Planner:
         guesses as its proposer says, unless its draft fell behind in plain rounds: whether the
         catch-up pays for the tokens it has left is the plan's to say. (A draft that has read
         only the prompt's first token, in a sequence's first round, is not behind that way:
-        alone, the sequence guesses as a request decoded by itself does.)"""
+        alone, the sequence guesses as a request decoded by itself does.) A draft never catches
+        up in a round that carries a prompt: that round is long already (its prompt rows are
+        compute-bound), and the catch-up would add its own time to every stream's wait."""
         alphas = [acceptance(d) for d in running]
         behind = [self._behind(d) for d in running]
         if len(running) == 1 and riding is None and (not behind[0] or not running[0].stats.rounds):
             return list(most)
+        if riding is not None:
+            most = [0 if _lag(d) > 1 else m for d, m in zip(running, most)]
+            if not any(most):
+                return list(most)
 
         def rate(ks: tuple[int, ...]) -> float:
             return self.rate(ks, alphas, behind, riding)
