@@ -2,7 +2,8 @@
 decode step against today's path (transformers + QuantLinear through CausalLM), the 0.5B
 draft's step (int4 with the full and a 32768-id head, int3 with the 32768-id head), a step's
 profile, where a forward's time goes by stage over 1-16 rows (`--parts rows`: a block of one
-sequence and one row each of n lanes, target and int3 draft), and optionally paired tok/s of plain decoding against draft:k=3 on HumanEval prompts.
+sequence and one row each of n lanes, target and int3 draft), and optionally paired tok/s of
+plain decoding against draft:k=3 on HumanEval prompts.
 Run under the CPU lock:
 
     flock /tmp/cpu.lock env PYTHONPATH=src .venv/bin/python scripts/measure/runtime_bench.py [--parts ...]

@@ -128,8 +128,6 @@ class Planner:
             return list(most)
         if riding is not None:
             most = [0 if _lag(d) > 1 else m for d, m in zip(running, most)]
-            if not any(most):
-                return list(most)
 
         def rate(ks: tuple[int, ...]) -> float:
             return self.rate(ks, alphas, behind, riding)
