@@ -1,5 +1,6 @@
-"""Write docs/layout.md, the source layout, from the tree: each package and module of src/specdec
-with the first sentence of its docstring (a C++ file: of its leading comment).
+"""Write docs/layout.md, the source layout, from the tree: the layers (each package of src/specdec
+with the packages it imports, importers first) and each package and module with the first
+sentence of its docstring (a C++ file: of its leading comment).
 
     python scripts/docs_layout.py            # rewrite docs/layout.md
     python scripts/docs_layout.py --check    # exit 1 if docs/layout.md is stale
@@ -105,8 +106,85 @@ def packages(path: Path, dotted: str) -> list[tuple[Path, str]]:
     return found
 
 
+def imported_units(path: Path, package: Path) -> set[str]:
+    """The top-level units of `package` (a subpackage, or a module at its top) that `path` imports."""
+    parts = path.relative_to(package.parent).with_suffix("").parts  # ("specdec", "decode", "batch")
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    here = parts if path.name == "__init__.py" else parts[:-1]  # the module's own package
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            targets = [alias.name.split(".") for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = list(here[:len(here) - node.level + 1]) if node.level else []
+            module = base + (node.module.split(".") if node.module else [])
+            # `from . import x` names modules: count each, as `import specdec.x` would
+            targets = [module + [alias.name] for alias in node.names] if not node.module else [module]
+        else:
+            continue
+        found |= {t[1] for t in targets if len(t) > 1 and t[0] == package.name}
+    return found
+
+
+def unit_of(path: Path, package: Path) -> str:
+    return path.relative_to(package).parts[0].removesuffix(".py")
+
+
+def import_graph(package: Path) -> dict[str, set[str]]:
+    """Each top-level unit -> the other units it imports (anywhere in its modules)."""
+    graph: dict[str, set[str]] = {}
+    for path in sorted(package.rglob("*.py")):
+        unit = unit_of(path, package)
+        if unit == "__init__":  # the public API re-exports from everything below it
+            continue
+        graph.setdefault(unit, set()).update(imported_units(path, package) - {unit, "__init__"})
+    known = set(graph)
+    return {unit: targets & known for unit, targets in graph.items()}
+
+
+def loops(graph: dict[str, set[str]]) -> dict[str, frozenset[str]]:
+    """Each unit -> the units it shares an import loop with (itself alone where there is none)."""
+    reach = {u: set(graph[u]) for u in graph}
+    changed = True
+    while changed:  # transitive closure: a few dozen units
+        changed = False
+        for u in graph:
+            more = set().union(*(reach[t] for t in reach[u])) - reach[u] if reach[u] else set()
+            if more:
+                reach[u] |= more
+                changed = True
+    return {u: frozenset({u} | {t for t in reach[u] if u in reach[t]}) for u in graph}
+
+
+def layer_order(graph: dict[str, set[str]]) -> list[tuple[str, frozenset[str]]]:
+    """Units from the top down: by the longest chain of imports below each (a loop counts as one
+    unit), then by name; with each unit its loop."""
+    loop = loops(graph)
+    height: dict[frozenset[str], int] = {}
+
+    def level(group: frozenset[str]) -> int:
+        if group not in height:
+            below = {loop[t] for u in group for t in graph[u]} - {group}
+            height[group] = 1 + max((level(g) for g in below), default=-1)
+        return height[group]
+
+    return [(u, loop[u]) for u in sorted(graph, key=lambda u: (-level(loop[u]), u))]
+
+
+def layers_section(package: Path) -> list[str]:
+    graph = import_graph(package)
+    rows = [f"| `{u}` | {', '.join(f'`{t}`' for t in sorted(graph[u])) or '-'} | "
+            + (f"loop with {', '.join(sorted(loop - {u}))} |" if len(loop) > 1 else "|")
+            for u, loop in layer_order(graph)]
+    return ["## Layers", "",
+            "Each package or top-level module, every importer above what it imports (lazy imports inside",
+            "functions count). A note in the last column means an import loop; with none, no arrow climbs.",
+            "", "| unit | imports | |", "|---|---|---|", *rows, ""]
+
+
 def render(package: Path = PACKAGE) -> str:
-    lines = [HEADER]
+    lines = [HEADER, *layers_section(package)]
     for path, dotted in packages(package, package.name):
         lines += package_section(path, dotted)
     return "\n".join(lines).rstrip("\n") + "\n"
