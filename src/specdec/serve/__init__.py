@@ -5,7 +5,8 @@
   field a 4xx error that says what to send instead;
 - text: committed tokens -> text, incrementally, with stop strings (held back while they may
   still complete);
-- worker: the one thread that owns the models and decodes the queued requests one at a time;
+- worker: the one thread that owns the models and decodes the running requests together, round
+  by round (continuous batching);
 - respond: the OpenAI response and stream-chunk objects, with llama.cpp's `timings` and
   specdec's speculation figures;
 - metrics: the Prometheus counters and histograms of /metrics;
