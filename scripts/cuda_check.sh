@@ -33,7 +33,7 @@ PY=${PYTHON:-python3}
   echo "## 2. linear kernels: what each layer shape's probe found (min_rows: 1 none, 2 pad one row, 17 fixed block)"
   timeout 120 $PY - <<'PY'
 import torch
-from specdec.forward.linear import PackedLinear
+from specdec.runtime.hf.linear import PackedLinear
 for dtype in (torch.bfloat16, torch.float16, torch.float32):
     for k, n in [(1536, 1536), (1536, 256), (1536, 8960), (8960, 1536), (1536, 151936)]:
         layer = PackedLinear(torch.nn.Linear(k, n, bias=False, device="cuda", dtype=dtype))
@@ -44,7 +44,7 @@ PY
   timeout 240 $PY - <<'PY'
 import time, torch
 from specdec import DraftModel, PromptLookup, generate
-from specdec.decode.lm import CausalLM
+from specdec.runtime.hf.causal_lm import CausalLM
 from specdec.models.load import random_model
 torch.manual_seed(0)
 target = random_model("qwen2.5-coder-1.5b-instruct", "bfloat16", "cuda")

@@ -50,7 +50,7 @@ from specdec.errors import SpecdecError
 from specdec.external.llama_server import LlamaServer
 from specdec.external.specdec_server import SpecdecServer
 from specdec.external.vllm_server import VllmServer
-from specdec.models.registry import REGISTRY, converted_folder, gguf_file, known_models
+from specdec.registry import REGISTRY, converted_folder, gguf_file, known_models
 
 PREFIX = {"llamacpp": "llama", "vllm": "vllm", "specdec": "specdec"}
 

@@ -17,7 +17,7 @@ settings.load_profile("specdec")
 # scripts/test.sh runs two pytest-xdist workers on CI's two cores: one thread each, as two
 # processes of two threads would oversubscribe the cores (OpenMP's waits then cost milliseconds
 # per tiny op). What a user's thread count does to a kernel's block invariance is checked at run
-# time by the probe in specdec.forward.linear, and measured by scripts/measure/kernel_facts.py.
+# time by the probe in specdec.runtime.hf.linear, and measured by scripts/measure/kernel_facts.py.
 if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)
 from transformers import Qwen2Config, Qwen2ForCausalLM
@@ -43,7 +43,7 @@ def tiny_model(seed: int, vocab: int = 64, layers: int = 2, init: float = 0.2) -
 
 def perturbed(model: Qwen2ForCausalLM, seed: int, scale: float) -> Qwen2ForCausalLM:
     """A draft that agrees with `model` often but not always: its weights plus noise."""
-    from specdec.forward import is_prepared
+    from specdec.runtime.hf.model_facts import is_prepared
 
     assert not is_prepared(model), "perturb a model before specdec runs it (its linear weights are repacked then)"
     draft = copy.deepcopy(model)

@@ -17,7 +17,7 @@ K_QUANTS = {T.Q4_K: [0, 2], T.Q5_K: [0, 2], T.Q6_K: [208]}  # fp16 scale fields 
 
 
 def smollm2_gguf() -> Path:
-    from specdec.models.registry import REGISTRY, _piece_paths
+    from specdec.registry import REGISTRY, _piece_paths
 
     return _piece_paths(REGISTRY["smollm2-135m-instruct"])[0]
 

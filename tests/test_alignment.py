@@ -3,7 +3,7 @@ first i draft tokens, the same as serial decoding; the verifier judges draft[i] 
 
 import torch
 
-from specdec.decode.lm import CausalLM
+from specdec.runtime.hf.causal_lm import CausalLM
 from specdec.decode.sampling import SamplingConfig
 from specdec.decode.verify import verify_greedy, verify_sampling
 
@@ -71,8 +71,8 @@ def test_real_block_through_the_verifier(target):
 def test_gqa_switch_is_on_for_cpu_models_and_blocks_still_match_serial_steps(target):
     import os
 
-    from specdec.decode.lm import CausalLM
-    from specdec.forward import GQA_SWITCH
+    from specdec.runtime.hf.causal_lm import CausalLM
+    from specdec.runtime.hf.prepare import GQA_SWITCH
 
     lm = CausalLM(target)
     assert os.environ.get(GQA_SWITCH) == "1"

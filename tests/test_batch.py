@@ -1,4 +1,4 @@
-"""Several sequences in one forward (runtime.lm.NativeLM.forward_lanes, runtime.pool) and
+"""Several sequences in one forward (runtime.native.native_lm.NativeLM.forward_lanes, runtime.pool) and
 continuous batching (decode.batch): every row of a multi-sequence forward equals the row computed
 alone, the slot pool's runs move and grow without losing a bit, and a batch's greedy outputs
 equal each prompt generated alone, bit for bit, with every proposer, as sequences join and leave."""
@@ -20,7 +20,7 @@ from specdec.decode.sequence import Options
 from specdec.errors import SpecdecError
 from specdec.proposers.policy import ConfidenceFloor
 from specdec.runtime import from_transformers
-from specdec.runtime.lm import NativeLM
+from specdec.runtime.native.native_lm import NativeLM
 
 
 @pytest.fixture(scope="module")
@@ -269,7 +269,7 @@ def test_the_plan_guesses_where_rows_are_cheap_and_acceptance_high():
     def seq(judged: int, accepted: int):
         stats = GenerationStats()
         stats.position_judged, stats.position_accepted = [judged], [accepted]
-        return SimpleNamespace(stats=stats)
+        return SimpleNamespace(stats=stats, draft_lm=None)
 
     sure, unsure = seq(100, 95), seq(100, 20)
     cheap = Planner(curve({1: 0.024, 32: 0.030}), curve({1: 0.002, 8: 0.003}))
@@ -299,7 +299,7 @@ def test_the_plan_finds_guesses_that_pay_only_when_every_sequence_shares_the_dra
 
     stats = GenerationStats()
     stats.position_judged, stats.position_accepted = [1000], [750]
-    sequences = [SimpleNamespace(stats=stats)] * 4
+    sequences = [SimpleNamespace(stats=stats, draft_lm=None)] * 4
     plan = Planner(curve({1: 0.050, 2: 0.055, 3: 0.055, 4: 0.058, 6: 0.064, 8: 0.069, 12: 0.105, 16: 0.117,
                           24: 0.175, 32: 0.223}), curve({1: 0.011, 2: 0.012, 4: 0.014, 8: 0.019}))
     alphas = [0.75] * 4  # the prior's weight is negligible against 1000 judged guesses

@@ -357,7 +357,7 @@ def test_full_bench_on_tiny_models(tiny_pair, dataset, tmp_path, monkeypatch):
 
 
 def test_cat_option_runs_both_models_on_the_concatenating_cache(tiny_pair, dataset, tmp_path, monkeypatch):
-    import specdec.decode.lm as lm
+    import specdec.runtime.hf.causal_lm as lm
 
     layouts = []
 
@@ -366,8 +366,8 @@ def test_cat_option_runs_both_models_on_the_concatenating_cache(tiny_pair, datas
             super().__init__(model, preallocate, invariant)
             layouts.append((preallocate, invariant))
 
-    # the target's (decode.interface.runtime_of) and the draft's (methods.build) alike: both take
-    # CausalLM from decode.lm when they make one
+    # the target's (runtime.choose.runtime_of) and the draft's (methods.build) alike: both take
+    # CausalLM from runtime.hf.causal_lm when they make one
     monkeypatch.setattr(lm, "CausalLM", Recording)
     out = tmp_path / "run"
     assert main([*bench_args(tiny_pair, dataset, out), "--methods", "draft:k=2:cat=1", "--limit", "1"]) == 0

@@ -5,7 +5,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specdec.decode.lm import CausalLM
+from specdec.runtime.hf.causal_lm import CausalLM
 
 
 def fresh_logits(model, tokens: list[int]) -> torch.Tensor:
@@ -83,7 +83,7 @@ def test_random_append_trim_matches_a_plain_list(target, ops):
 def test_preallocated_layout_gives_bitwise_the_dynamic_logits(target, ops, headroom):
     """Same numbers, not merely close: attention reads views of the same values. A small
     headroom makes the buffers grow (and copy) often."""
-    from specdec.decode.cache import PreallocatedLayer
+    from specdec.runtime.hf.kv_cache import PreallocatedLayer
 
     PreallocatedLayer.HEADROOM, saved = headroom, PreallocatedLayer.HEADROOM
     try:
@@ -105,7 +105,7 @@ def test_preallocated_layout_gives_bitwise_the_dynamic_logits(target, ops, headr
 def test_preallocated_layers_are_preallocated_and_written_in_place(target):
     """After a prefill, appends and trims within the reserved room reuse one buffer per layer:
     no copy of the cache per forward (what the layout is for)."""
-    from specdec.decode.cache import PreallocatedLayer
+    from specdec.runtime.hf.kv_cache import PreallocatedLayer
 
     lm = CausalLM(target)
     assert all(type(layer) is PreallocatedLayer for layer in lm.cache.hf_cache.layers)
@@ -129,11 +129,11 @@ def test_dynamic_layout_is_still_transformers_own(target):
 def test_long_prompts_are_prefilled_in_blocks(target, monkeypatch):
     """A prompt over PREFILL_CHUNK tokens goes in blocks of that size; the cache then holds the
     whole prompt and the last row matches a one-block prefill (up to float rounding)."""
-    import specdec.decode.lm
+    import specdec.runtime.hf.causal_lm
 
     prompt = torch.arange(11) % 64
     whole = CausalLM(target).prefill(prompt)
-    monkeypatch.setattr(specdec.decode.lm, "PREFILL_CHUNK", 4)
+    monkeypatch.setattr(specdec.runtime.hf.causal_lm, "PREFILL_CHUNK", 4)
     lm = CausalLM(target)
     last = lm.prefill(prompt)
     assert lm.calls == 3 and lm.length == 11

@@ -9,7 +9,7 @@ from specdec.conform import check
 from specdec.conform import ties as conformance
 from specdec.decode import sequence, verify
 from specdec.external.hf import hf_greedy
-from specdec.models.load import eos_token_ids
+from specdec.runtime.hf.model_facts import eos_token_ids
 from specdec.proposers import draft as draft_module
 
 PROMPTS = [[3, 7, 11, 3, 7, 12, 13], [5, 9, 5, 9, 5, 1]]

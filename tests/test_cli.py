@@ -92,7 +92,7 @@ def error_lines(err: str) -> int:
 def test_unknown_model_lists_known_names(capsys, monkeypatch):
     """Before any model file is read: on a fresh machine, auto's look at the default draft once
     assembled its GGUF first and printed the progress above the error."""
-    import specdec.models.registry as registry
+    import specdec.registry as registry
 
     def untouched(name):
         raise AssertionError(f"{name}'s GGUF read before the target's name was checked")

@@ -8,7 +8,8 @@ from conftest import tiny_model, word_tokenizer
 
 from specdec import DraftModel
 from specdec.errors import SpecdecError
-from specdec.models.draft_head import HEAD_IDS, bundled_text_tokens, frequent_tokens, restrict_head
+from specdec.models.draft_head import bundled_text_tokens, frequent_tokens, restrict_head
+from specdec.runtime.hf.model_facts import HEAD_IDS
 from specdec.models.draft_quant import int8_draft
 
 

@@ -1,4 +1,4 @@
-"""GGUF files as target and draft on the native runtime (specdec.gguf, runtime.load.load_gguf),
+"""GGUF files as target and draft on the native runtime (specdec.gguf, runtime.native.loader.load_gguf),
 on small files written here (tests/gguf_files.py: random weights, SmolLM2's tokenizer metadata).
 
 What must hold:
@@ -145,7 +145,7 @@ def test_a_second_load_reads_the_cache_not_the_gguf(tmp_path, monkeypatch):
     path = write_model(tmp_path / "m.gguf", "qwen2", T.Q5_0)
     first = load_gguf(str(path)).forward(PROMPT)
     from specdec.gguf import store
-    from specdec.runtime import source
+    from specdec.runtime.native import weight_source as source
 
     monkeypatch.setattr(store, "describe", lambda *a: pytest.fail("metadata parsed again"))
     monkeypatch.setattr(source, "linear_weights", lambda *a: pytest.fail("weights read again"))
@@ -167,7 +167,7 @@ def test_a_real_files_every_tensor_is_kept_exactly():
     import numpy as np
     from gguf import GGUFReader, quants
 
-    from specdec.models.registry import gguf_file
+    from specdec.registry import gguf_file
     from specdec.quant.gguf_source import EXACT
 
     reader = GGUFReader(str(gguf_file("qwen2.5-coder-0.5b-instruct")))

@@ -78,13 +78,13 @@ def test_speculative_greedy_equals_plain(seeded, k):
 
 
 def test_prompt_in_blocks_and_either_cache_layout_give_the_same_tokens(seeded, monkeypatch):
-    """Both the prefill's chunking (specdec.decode.lm.PREFILL_CHUNK) and the cache layout are plumbing:
+    """Both the prefill's chunking (specdec.runtime.rows.PREFILL_CHUNK) and the cache layout are plumbing:
     the tokens stay the target's own."""
-    import specdec.decode.lm
-    from specdec.decode.lm import CausalLM
+    import specdec.runtime.hf.causal_lm
+    from specdec.runtime.hf.causal_lm import CausalLM
 
     target, draft, prompt, plain = seeded
-    monkeypatch.setattr(specdec.decode.lm, "PREFILL_CHUNK", 4)
+    monkeypatch.setattr(specdec.runtime.hf.causal_lm, "PREFILL_CHUNK", 4)
     blocks = -(-len(prompt) // 4)
     for name, drafter in drafters(draft, target, 3).items():
         out = generate(target, prompt, drafter=drafter, max_new_tokens=40, eos_token_id=[], check=True)

@@ -19,7 +19,7 @@ from torch.overrides import TorchFunctionMode
 import specdec
 from specdec import DraftModel, generate
 from specdec.decode.sampling import _invert, draw
-from specdec.forward import prepare
+from specdec.runtime.hf.prepare import prepare
 from specdec.models.draft_head import restrict_head
 from specdec.proposers.policy import ConfidenceFloor
 

@@ -18,9 +18,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from specdec import DraftModel, PromptLookup, TreeDraft, generate
-from specdec.decode.lm import CausalLM
-from specdec.forward import attention, block_invariant, prepare
-from specdec.forward.linear import BlockLinear, PackedLinear, QuantLinear, probe_min_rows
+from specdec.runtime.hf import attention
+from specdec.runtime.hf.causal_lm import CausalLM
+from specdec.runtime.hf.linear import BlockLinear, PackedLinear, QuantLinear, probe_min_rows
+from specdec.runtime.hf.prepare import block_invariant, prepare
 from specdec.quant.weights import q4_rtn, q8_rtn
 
 # scripts/cuda_check.sh runs this file on a GPU with SPECDEC_TEST_DEVICE=cuda.

@@ -210,7 +210,7 @@ def test_q3_rounding_searches_below_min_max_rounding():
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")])
 def test_a_non_finite_input_makes_its_rows_outputs_non_finite_on_every_path(kind, bad):
     """A NaN or inf activation must reach every output of its row (the runtime flags a round by
-    its logits, decode.lm): max instructions and fmax drop a NaN operand, which once made the
+    its logits, runtime.hf.causal_lm): max instructions and fmax drop a NaN operand, which once made the
     AVX2 and portable paths quantize it to a number and give finite logits. The other rows keep
     their bits."""
     out, inputs = SHAPES[2]

@@ -40,7 +40,7 @@ def test_windows_reject_a_stride_wider_than_the_window():
 
 @pytest.fixture(scope="module")
 def smol():
-    from specdec.models.registry import gguf_file
+    from specdec.registry import gguf_file
 
     return llamacpp.load(gguf_file(SMOL), n_ctx=1024)
 
@@ -98,7 +98,7 @@ def test_generation_refuses_to_overrun_the_context(smol):
 @pytest.mark.real
 def test_prompt_lookup_speculation_runs_and_is_compared_with_plain(smol, hf_smol, capsys):
     from specdec import encode_prompt
-    from specdec.models.registry import gguf_file
+    from specdec.registry import gguf_file
 
     _, tokenizer = hf_smol
     lookup = llamacpp.load(gguf_file(SMOL), n_ctx=1024, lookup=(4, 2))
@@ -133,7 +133,7 @@ def test_greedy_output_compared_with_transformers(smol, hf_smol, capsys):
 
 @pytest.mark.real
 def test_perplexity_is_finite_plausible_and_near_transformers(hf_smol, capsys):
-    from specdec.models.registry import gguf_file
+    from specdec.registry import gguf_file
     from specdec.prompts.long import articles
 
     model, tokenizer = hf_smol
@@ -160,7 +160,7 @@ def server(tmp_path_factory):
     import time
     import urllib.request
 
-    from specdec.models.registry import gguf_file
+    from specdec.registry import gguf_file
 
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))

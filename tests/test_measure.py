@@ -7,8 +7,8 @@ from conftest import word_tokenizer
 
 from specdec import DraftModel, PromptLookup, generate
 from specdec.cost.model import Acceptance, Costs, Rounds, predicted_speedup
-from specdec.decode.lm import CausalLM
-from specdec.decode.rows import shared_prefix
+from specdec.runtime.hf.causal_lm import CausalLM
+from specdec.runtime.rows import shared_prefix
 from specdec.decode.stats import GenerationStats
 from specdec.errors import SpecdecError
 from specdec.methods.spec import Method, parse
@@ -228,7 +228,7 @@ def test_weight_bytes_counts_what_a_step_reads():
     forward repacks the model, the packed layers (float32 head included) are counted instead."""
     from conftest import tiny_model
 
-    from specdec.forward import prepare
+    from specdec.runtime.hf.prepare import prepare
     from specdec.tune.measure import weight_bytes
 
     model = tiny_model(0, vocab=64, layers=1)

@@ -15,9 +15,9 @@ from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 from specdec.errors import SpecdecError
 from specdec.models import load as models
-from specdec.models import registry
+from specdec import registry
 from specdec.models.load import check_same_vocab, load_model
-from specdec.models.registry import ModelSpec
+from specdec.registry import ModelSpec
 
 
 @pytest.fixture

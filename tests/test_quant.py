@@ -18,8 +18,8 @@ from conftest import perturbed, tiny_model
 from specdec import DraftModel, PromptLookup, generate
 from specdec.errors import SpecdecError
 from specdec.files import WEIGHTS, cached, is_complete
-from specdec.forward import block_invariant
-from specdec.forward.linear import QuantLinear, SharedInputPart
+from specdec.runtime.hf.linear import QuantLinear, SharedInputPart
+from specdec.runtime.hf.prepare import block_invariant
 from specdec.models import quant_cache as qcache
 from specdec.models import quantized as qmodel
 from specdec.models.draft_quant import quantize_draft
@@ -42,7 +42,7 @@ def test_an_int4_target_keeps_its_quantized_layers_and_a_rows_bits_in_any_block(
     target, _ = _int4_pair()
     kinds = {type(m) for m in target.modules()}
     assert QuantLinear in kinds and torch.nn.Linear not in kinds
-    generate(target, PROMPT, max_new_tokens=2)  # prepares it (specdec.forward.prepare)
+    generate(target, PROMPT, max_new_tokens=2)  # prepares it (specdec.runtime.hf.prepare)
     assert block_invariant(target)
 
 

@@ -1,7 +1,7 @@
 """Real weights: speculative greedy output equals specdec's plain decoding bit for bit on the
 real model pair, in float32 and in bfloat16 (emulated on CPUs without native bf16: slower, the
 same rounding questions). No tolerance: the target's forward is block-invariant
-(specdec.forward), so a difference is a bug, printed with the target's gap where it happened.
+(specdec.runtime.hf), so a difference is a bug, printed with the target's gap where it happened.
 """
 
 import pytest
@@ -58,7 +58,7 @@ def test_qwen_target_logits_are_the_same_alone_and_in_any_block(qwen):
     row here differed in bf16 (greedy outputs then parted at HumanEval/2 and /9)."""
     import torch
 
-    from specdec.decode.lm import CausalLM
+    from specdec.runtime.hf.causal_lm import CausalLM
 
     target, tok, _ = qwen
     lm = CausalLM(target)
@@ -83,7 +83,7 @@ def test_qwen_cheaper_draft_equals_plain(qwen):
     """The draft restricted to the 32768 ids most frequent in the bundled text, with int8
     layers: its guesses still only propose, the output is the target's."""
     from specdec.methods.build import Drafts
-    from specdec.models.draft_head import HEAD_IDS
+    from specdec.runtime.hf.model_facts import HEAD_IDS
 
     target, tok, _ = qwen
     # A fresh copy: the fixture's draft was repacked by its first generation, and int8 layers or a

@@ -16,8 +16,8 @@ from specdec import DraftModel, PromptLookup, TreeDraft, generate
 from specdec.errors import SpecdecError
 from specdec.models.quantized import install
 from specdec.runtime import NativeLM, from_transformers
-from specdec.runtime.config import decoder_config
-from specdec.runtime.source import read_model
+from specdec.decoder_config import decoder_config
+from specdec.runtime.native.weight_source import read_model
 
 VOCAB = 96
 
@@ -170,13 +170,13 @@ def test_cache_after_trims_and_prefix_reuse(pair):
 
 
 def test_stored_weights_map_back_to_the_same_logits(tmp_path):
-    """The model cache's copy of a model's native weights (runtime.stored, mapped at load) gives
+    """The model cache's copy of a model's native weights (runtime.native.stored_weights, mapped at load) gives
     every logit bit for bit, in int4 and int3 forms, with the full head and a restricted one."""
-    from specdec.runtime.config import rotary_tables
-    from specdec.runtime.native import Decoder
-    from specdec.runtime.source import HEAD
-    from specdec.runtime.stored import load_weights, save_weights
-    from specdec.runtime.weights import build
+    from specdec.runtime.native.decoder import Decoder
+    from specdec.runtime.native.decoder_weights import build
+    from specdec.runtime.native.rotary import rotary_tables
+    from specdec.runtime.native.stored_weights import load_weights, save_weights
+    from specdec.runtime.native.weight_source import HEAD
 
     model = tiny("qwen2")
     tokens = sequence(12)
@@ -372,8 +372,8 @@ def test_real_logits_match_transformers_on_the_same_weights(natives, name):
     argmax equal at 63-64 of 64). SmolLM2 (Llama) checks the q/k row order too."""
     from transformers import AutoModelForCausalLM
 
-    from specdec.models.registry import REGISTRY, converted_folder, gguf_file
-    from specdec.runtime.source import EMBEDDING, EMBEDDING_TABLE, read_gguf
+    from specdec.registry import REGISTRY, converted_folder, gguf_file
+    from specdec.runtime.native.weight_source import EMBEDDING, EMBEDDING_TABLE, read_gguf
 
     lm = natives(name)
     folder = converted_folder(REGISTRY[name])

@@ -21,7 +21,7 @@ from specdec.cli import main
 from specdec.external.llama_server import LlamaServer
 from specdec.external.server_process import ServerProcess, free_port
 from specdec.models.load import load_tokenizer
-from specdec.models.registry import gguf_file
+from specdec.registry import gguf_file
 from specdec.tune.advice import Advice, Choice
 from specdec.tune.export import export
 

@@ -16,7 +16,7 @@ from test_sampling_exactness import CAUGHT, CONFIGS, PASS, make_pair, pvalues
 from specdec import DraftModel, TreeDraft, generate
 from specdec.conform.check import chi2_pvalue
 from specdec.decode import sequence, verify_tree
-from specdec.decode.lm import CausalLM
+from specdec.runtime.hf.causal_lm import CausalLM
 from specdec.decode.proposal import Proposal
 from specdec.decode.sampling import SamplingConfig, probs
 from specdec.proposers.policy import ConfidenceFloor

@@ -37,7 +37,7 @@ from specdec.external.vllm_server import (
     venv,
 )
 from specdec.models.load import load_tokenizer
-from specdec.models.registry import REGISTRY, converted_folder
+from specdec.registry import REGISTRY, converted_folder
 from specdec.tune.advice import Advice, Choice
 
 MODEL = "smollm2-135m-instruct"
@@ -109,7 +109,7 @@ def test_serving_bench_says_what_to_do_in_one_line(case, message, fake_vllm, tmp
     vLLM cannot load, or a --spec-config is not one: a line on stderr, exit 2, no server started."""
     import runpy
 
-    from specdec.models import registry
+    from specdec import registry
 
     if case == "not installed":
         monkeypatch.setenv("SPECDEC_VLLM_VENV", str(tmp_path / "none"))

@@ -27,7 +27,7 @@ from specdec.cli import build_parser
 from specdec.cli.args import load_proposer, method_of
 from specdec.decode.batch import Batch
 from specdec.decode.engine import generate
-from specdec.decode.interface import runtime_of
+from specdec.runtime.choose import runtime_of
 from specdec.decode.plan import Planner, measured_plan
 from specdec.decode.sequence import Options
 from specdec.prompts.chat import encode_messages

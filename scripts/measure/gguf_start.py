@@ -55,7 +55,7 @@ def main() -> None:
     args = p.parse_args()
     sys.path.insert(0, str(Path(__file__).parents[2] / "src"))
     from specdec.machine import environment
-    from specdec.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET, gguf_file
+    from specdec.registry import DEFAULT_DRAFT, DEFAULT_TARGET, gguf_file
 
     out = args.out
     out.mkdir(parents=True, exist_ok=True)

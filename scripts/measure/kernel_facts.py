@@ -27,7 +27,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 from specdec import kernels  # noqa: E402
-from specdec.forward.linear import PackedLinear, QuantLinear, onednn_packs, probe_min_rows  # noqa: E402
+from specdec.runtime.hf.linear import PackedLinear, QuantLinear, onednn_packs, probe_min_rows  # noqa: E402
 from specdec.machine import environment  # noqa: E402
 from specdec.quant.weights import q4_rtn, q8_rtn  # noqa: E402
 
@@ -60,7 +60,7 @@ def build(kind: str, linear: torch.nn.Linear, dtype: torch.dtype) -> torch.nn.Mo
 
 
 def min_rows_by_shape(layers: list[torch.nn.Module], dtype: torch.dtype) -> dict[str, int | None]:
-    """specdec's probe (forward.linear.probe_min_rows, >= 2^20 outputs) on each distinct shape's
+    """specdec's probe (runtime.hf.linear.probe_min_rows, >= 2^20 outputs) on each distinct shape's
     raw kernel, unpadded: 1 = a row alone and in any block of 2..17 agree bitwise, 2 = only a lone
     row differs, 17 = only a fixed block of 17 agrees, None = nothing agrees."""
     found = {}

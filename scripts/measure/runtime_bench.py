@@ -20,13 +20,13 @@ from pathlib import Path
 import torch
 
 from specdec import DraftModel, generate
-from specdec.decode.lm import CausalLM
+from specdec.runtime.hf.causal_lm import CausalLM
 from specdec.models.draft_head import bundled_text_tokens, frequent_tokens
 from specdec.models.load import load_model, load_tokenizer
 from specdec.prompts.chat import encode_prompt
 from specdec.prompts.datasets import dataset_path, read_prompts
 from specdec.runtime import load_gguf
-from specdec.runtime.native import stage_seconds
+from specdec.runtime.native.decoder import stage_seconds
 
 TARGET, DRAFT = "qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct"
 

@@ -64,7 +64,7 @@ def main() -> int:
         resolve_target_form,
     )
     from specdec.decode.engine import generate
-    from specdec.decode.interface import runtime_of
+    from specdec.runtime.choose import runtime_of
     from specdec.methods.build import build_proposer
     from specdec.prompts.chat import encode_prompt
     from specdec.prompts.datasets import Selection, load_prompts

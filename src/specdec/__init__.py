@@ -12,14 +12,14 @@ if TYPE_CHECKING:
     from .models.load import load_model
     from .prompts.chat import encode_prompt
     from .proposers import DraftModel, Hybrid, PromptLookup, TreeDraft
-    from .runtime.load import gguf_model as load_gguf
+    from .runtime.native.loader import gguf_model as load_gguf
 
 # Where each public name lives: imported on first use, so that `specdec --help` and commands
 # that need no model do not import torch and transformers (seconds).
 _HOMES = {"GenerationResult": "decode.engine", "generate": "decode.engine", "SamplingConfig": "decode.sampling",
           "GenerationStats": "decode.stats", "load_model": "models.load", "encode_prompt": "prompts.chat",
           "DraftModel": "proposers", "Hybrid": "proposers", "PromptLookup": "proposers", "TreeDraft": "proposers",
-          "load_gguf": ("runtime.load", "gguf_model")}
+          "load_gguf": ("runtime.native.loader", "gguf_model")}
 
 
 def __getattr__(name: str):

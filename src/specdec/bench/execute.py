@@ -18,12 +18,12 @@ from transformers import GenerationConfig, PreTrainedModel
 from transformers.generation import BaseStreamer
 
 from ..decode.engine import generate
-from ..decode.interface import runtime_of
 from ..decode.sampling import SamplingConfig
 from ..errors import SpecdecError
 from ..external import llamacpp
 from ..external.hf import generation_config
-from ..forward import is_prepared
+from ..runtime.choose import runtime_of
+from ..runtime.hf.model_facts import is_prepared
 from ..machine import PeakMemory, synchronize
 from ..methods.build import Drafts, build_proposer, policy_of
 from ..methods.spec import Method

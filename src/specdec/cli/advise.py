@@ -133,7 +133,7 @@ def _engine_file(name: str, engine: str) -> str:
     """What the engine loads for a registry name or a folder: llama.cpp a GGUF file, vLLM a
     Hugging Face folder (a registry model's converted safetensors folder in the cache), specdec
     what it was given."""
-    from ..models.registry import REGISTRY, converted_folder, gguf_file
+    from ..registry import REGISTRY, converted_folder, gguf_file
 
     if engine == "specdec":
         return name

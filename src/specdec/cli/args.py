@@ -223,7 +223,7 @@ def store_draft(args: argparse.Namespace, method: Method) -> None:
 
     quant = draft_quant(args, method)
     if not method.is_hf and use_native(args.runtime, args.draft, quant, args.device):
-        from ..runtime.load import store_gguf
+        from ..runtime.native.loader import store_gguf
 
         store_gguf(args.draft, quant)
 
@@ -232,7 +232,7 @@ def draft_quant(args: argparse.Namespace, method: Method) -> str:
     """The form a method's draft runs in: its quant=, or, without one, dense for a registry name or
     a folder and the file as it is (int4: its own blocks) for a GGUF file, which has no dense copy."""
     from ..gguf import is_gguf
-    from ..models.registry import REGISTRY
+    from ..registry import REGISTRY
 
     if method.quant:
         return method.quant

@@ -15,7 +15,7 @@ def add_model_args(p: argparse.ArgumentParser, draft_help: str = "draft model of
                    target_quant: str = "auto") -> None:
     """The target, the draft and how to load them; `target_quant` is --target-quant's default
     (bench, sweep and perplexity compare forms and keep none, the dense copy)."""
-    from ..models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
+    from ..registry import DEFAULT_DRAFT, DEFAULT_TARGET
     from ..models.target_form import TARGET_FORMS
 
     p.add_argument("--target", default=DEFAULT_TARGET,

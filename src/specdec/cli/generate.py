@@ -30,7 +30,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def cmd_generate(args: argparse.Namespace) -> int:
     from ..decode.engine import GenerationInterrupted, generate
-    from ..decode.interface import runtime_of
+    from ..runtime.choose import runtime_of
     from ..prompts.chat import encode_prompt, require_text
     from .stream import Streamer
 

@@ -97,7 +97,7 @@ def server_key(args: argparse.Namespace) -> str | None:
 def build_server(args: argparse.Namespace):
     """The uvicorn server and the decode worker (not started) for these arguments. The models load
     in the worker through load_proposer, as `specdec generate` loads them."""
-    from ..decode.interface import runtime_of
+    from ..runtime.choose import runtime_of
     from ..decode.plan import measured_plan
     from ..decode.sampling import SamplingConfig
     from ..serve.app import Settings

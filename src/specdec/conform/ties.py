@@ -1,7 +1,7 @@
 """Comparing a speculative output with a reference decoding, and explaining differences.
 
 Against specdec's own plain decoding no difference is allowed: the target's forward is
-block-invariant (specdec.forward), so a token's logits do not depend on how many tokens were
+block-invariant (runtime.hf.prepare), so a token's logits do not depend on how many tokens were
 verified with it. Against another engine (transformers' generate, llama.cpp) kernels differ, so
 outputs can part where the target's top two logits (nearly) tie; such a difference is explained
 by the gap at the first differing token, taken from a fresh forward of the common prefix, and

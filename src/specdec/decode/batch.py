@@ -26,12 +26,11 @@ from dataclasses import replace
 import torch
 
 from ..errors import SpecdecError
-from .interface import Runtime
+from .interface import Block, Runtime
 from .proposal import Drafting, Proposal, Proposer
-from .rows import PREFILL_CHUNK
+from ..runtime.rows import PREFILL_CHUNK
 from .sequence import Decoding, GenerationResult, Options
 
-Block = tuple[Runtime, torch.Tensor, bool]  # (lane, tokens, last_only)
 # plan(sequences, most, riding): how many tokens each running sequence guesses this round, each
 # at most `most[i]` (its proposer's k within its room); riding(n): the prompt rows of joining
 # sequences the round carries beside n decode rows (None: nobody joins).
@@ -40,11 +39,8 @@ Plan = Callable[[Sequence[Decoding], Sequence[int], Callable[[int], int] | None]
 
 def forward_blocks(blocks: Sequence[Block]) -> list[torch.Tensor]:
     """Each lane's block appended and its logits: one forward for all where the runtime runs
-    several sequences at once, else one forward each."""
-    together = getattr(blocks[0][0], "forward_lanes", None)
-    if together is not None:
-        return together(blocks)
-    return [lm.forward(tokens, last_only=last_only) for lm, tokens, last_only in blocks]
+    several sequences at once (Runtime.shares_forward), else one forward each."""
+    return blocks[0][0].forward_lanes(blocks)
 
 
 class Batch:
@@ -102,7 +98,7 @@ class Batch:
         runtime forwards lanes together (its chunks then change no bits: transformers' runtime
         prefills with another attention than a round's rows), from a fresh cache, and with a
         draft that needs only the prompt's first token (a plan's)."""
-        return (self.round_rows > 0 and bool(self.sequences) and hasattr(self.target, "forward_lanes")
+        return (self.round_rows > 0 and bool(self.sequences) and self.target.shares_forward
                 and not d.options.reuse_prefix
                 and (d.drafter is None or self.plan is not None))
 

@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from .interface import Runtime, runtime_of
+from ..runtime.choose import runtime_of
+from .interface import Runtime
 from .proposal import Proposer
 from .sampling import SamplingConfig
 from .sequence import (

@@ -1,18 +1,24 @@
 """What the engine and the draft proposers need of a model: a runtime that holds one KV cache
 over a prefix of the sequence and forwards blocks at explicit positions over it.
 
-specdec.decode.lm.CausalLM implements it over a transformers model (any architecture); another
-runtime (specdec's own for the Llama family) implements the same members, so the engine, the
-verifiers and the proposers never see which one runs.
+runtime.hf.causal_lm.CausalLM implements it over a transformers model (any architecture),
+runtime.native.native_lm.NativeLM (specdec's own for the Llama family) the same members, so the engine, the
+verifiers and the proposers never see which one runs. Callers reach a runtime through these
+members only (tests/test_layers.py checks both runtimes against it and that nothing probes for a
+member with getattr/hasattr).
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
 
 import torch
 
+Block = tuple["Runtime", torch.Tensor, bool]  # (lane, tokens, last_only) of Runtime.forward_lanes
 
+
+@runtime_checkable
 class Runtime(Protocol):
     device: torch.device
     vocab_size: int  # rows of the output layer: token ids it scores
@@ -26,8 +32,12 @@ class Runtime(Protocol):
     max_positions: int | None  # the context the model was trained for (None: unknown)
     eos_token_ids: tuple[int, ...]  # the model's own end-of-sequence ids (its generation config)
     # A draft's restricted output layer: the token id behind each logits column (sorted), None
-    # when column i scores token i (specdec.models.draft_head).
+    # when column i scores token i (models.draft_head).
     head_ids: torch.Tensor | None
+    # True: forward_lanes runs the lanes' rows in one forward, each row with the bits it gets
+    # alone (so a prompt may be forwarded in chunks beside other sequences' rounds); False: it
+    # runs one forward per lane.
+    shares_forward: bool
 
     @property
     def length(self) -> int:
@@ -60,18 +70,18 @@ class Runtime(Protocol):
     def layer_lengths(self) -> list[int]:
         """Positions held by each layer's cache (all equal in a consistent cache)."""
 
+    def reset(self) -> None:
+        """Empty the cache (the next forward starts a sequence)."""
 
-def runtime_of(target, preallocate: bool = True) -> Runtime:
-    """The runtime a generation runs `target` on: a transformers model in a fresh decode.lm.CausalLM
-    (`preallocate` False: transformers' concatenating cache, cat=1), any other runtime as it is
-    (it starts a fresh cache at its next prefill). A runtime is told by its members, so a native
-    one never imports transformers' model classes (seconds at start-up)."""
-    from ..errors import SpecdecError
+    def lane(self, slots: int = 256) -> Runtime:
+        """Another sequence on the same weights with a cache of its own, starting with room for
+        `slots` positions (it grows on demand); forward_lanes runs several lanes together."""
 
-    if not hasattr(target, "prefill"):  # a transformers model, not a Runtime
-        from .lm import CausalLM
+    def release(self) -> None:
+        """Give the lane's cache back (its sequence ended); a later forward starts afresh."""
 
-        return CausalLM(target, preallocate=preallocate)
-    if not preallocate:
-        raise SpecdecError("cat=1 measures transformers' concatenating KV cache: run it with --runtime hf")
-    return target
+    def forward_lanes(self, blocks: Sequence[Block]) -> list[torch.Tensor]:
+        """Append each (lane, tokens, last_only) block to its lane (distinct lanes of this
+        runtime's weights); each lane's logits, as its forward would return them. One forward
+        for all where shares_forward, else one each."""
+

@@ -214,9 +214,9 @@ def acceptance(d: Decoding) -> float:
     return (sum(s.position_accepted) + PRIOR * PRIOR_WEIGHT) / (sum(s.position_judged) + PRIOR_WEIGHT)
 
 
-def _lag(d) -> int:
+def _lag(d: Decoding) -> int:
     """Committed tokens, but the pending one, that the sequence's draft has not read."""
-    draft = getattr(d, "draft_lm", None)
+    draft = d.draft_lm
     return 0 if draft is None else d.length - 1 - draft.length
 
 
@@ -224,7 +224,7 @@ def measured_plan(target, drafter) -> Planner:
     """A Planner from forwards timed here: the target over ROWS rows and the draft (if the
     proposer has one) over DRAFT_ROWS lanes and over a block of ROWS rows (its catch-up), after
     CONTEXT positions (_timed)."""
-    draft_lm = getattr(drafter, "draft_lm", None)
+    draft_lm = drafter.draft_lm if drafter is not None else None
     probes = {"verify": (target, ROWS, False)}
     if draft_lm is not None:
         probes |= {"draft": (draft_lm, DRAFT_ROWS, True), "catch_up": (draft_lm, ROWS, False)}

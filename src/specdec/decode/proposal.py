@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Generator
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import torch
 
@@ -47,9 +47,11 @@ def settled(proposal: Proposal) -> Drafting:
     yield  # unreachable: makes this a generator
 
 
+@runtime_checkable
 class Proposer(Protocol):
     """What the engine needs of whatever guesses: the most tokens a round guesses, the draft
-    model whose cache it checks every round (if any), and the round's hooks."""
+    model whose cache it checks every round (if any), and the round's hooks. Callers reach a
+    proposer through these members only (tests/test_layers.py)."""
 
     k: int
     # The draft may lag the committed sequence by more than a DraftModel's one or two positions
@@ -71,10 +73,17 @@ class Proposer(Protocol):
     def propose(
         self, seq: torch.Tensor, k: int, cfg: SamplingConfig, generator: torch.Generator | None
     ) -> Proposal:
-        """Guess up to `k` tokens following the committed sequence `seq`. Proposers with a draft
-        model also offer drafting(seq, k, cfg, generator) -> Drafting (the same guesses as a
-        conversation) and fork() -> a proposer for another sequence decoded at the same time
-        (its own draft cache on the same weights, its own policy state)."""
+        """Guess up to `k` tokens following the committed sequence `seq`."""
+
+    def drafting(
+        self, seq: torch.Tensor, k: int, cfg: SamplingConfig, generator: torch.Generator | None
+    ) -> Drafting:
+        """The same guesses as propose's, as a conversation whose draft forwards the caller runs
+        (a model-free proposer's needs none: settled(propose(...)))."""
+
+    def fork(self, slots: int = 256) -> Proposer:
+        """A proposer for another sequence decoded at the same time: its own draft cache (a lane
+        of the same weights with room for `slots` positions) and its own policy state."""
 
     def observe(self, proposed: int, accepted: int) -> None:
         """Verification accepted `accepted` of the `proposed` tokens of the last proposal."""

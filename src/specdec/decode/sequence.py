@@ -27,7 +27,7 @@ import torch
 
 from ..errors import SpecdecError
 from .interface import Runtime
-from .proposal import Drafting, Proposal, Proposer, settled
+from .proposal import Drafting, Proposal, Proposer
 from .sampling import SamplingConfig, pick
 from .stats import GenerationStats, PhaseClock
 from .verify import Verdict, verify_greedy, verify_sampling
@@ -135,10 +135,7 @@ class Decoding:
         self._asked, self._calls = k, self.drafter.calls if k else 0
         if not k:
             return None
-        seq = self.seq[: self.length]
-        if not hasattr(self.drafter, "drafting"):  # model-free: its proposal needs no forward
-            return settled(self.drafter.propose(seq, k, self.cfg, self.generator))
-        return self.drafter.drafting(seq, k, self.cfg, self.generator)
+        return self.drafter.drafting(self.seq[: self.length], k, self.cfg, self.generator)
 
     def propose(self, k: int) -> Proposal:
         """This round's guesses, the proposer running its own draft forwards."""

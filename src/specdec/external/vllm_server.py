@@ -78,7 +78,7 @@ def check_folder(model: Path) -> None:
     """A folder vLLM can load: a Hugging Face config and safetensors weights."""
     if not (model / "config.json").is_file():
         raise SpecdecError(f"vLLM cannot load {model}: no config.json there (give a Hugging Face model folder, "
-                           "e.g. specdec.models.registry.converted_folder(REGISTRY[name]))")
+                           "e.g. specdec.registry.converted_folder(REGISTRY[name]))")
     if not any(model.glob("*.safetensors")):
         raise SpecdecError(f"vLLM cannot load {model}: no *.safetensors weights there")
 

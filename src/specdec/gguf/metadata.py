@@ -1,5 +1,5 @@
 """What a GGUF file says about the model in it, read from its metadata alone (nothing is
-dequantized): the architecture and shapes the native decoder needs (runtime.config.DecoderConfig),
+dequantized): the architecture and shapes the native decoder needs (specdec.decoder_config),
 the end-of-generation token ids, and the tokenizer's kind and token texts. A file specdec cannot
 run (another architecture, a rotary scaling it does not compute, a truncated or foreign file) is
 refused here, before any weight is read, in one line that says what runs it instead."""
@@ -17,7 +17,7 @@ import numpy as np
 from gguf import GGUFReader, GGUFValueType
 
 from ..errors import SpecdecError
-from ..runtime.config import ARCHITECTURES, DecoderConfig
+from ..decoder_config import ARCHITECTURES, DecoderConfig
 
 MAGIC = b"GGUF"
 # Token texts that end a generation besides the declared ids, as llama.cpp treats them (a Qwen

@@ -4,7 +4,7 @@
 and last MiB (cheap for a multi-GB file; a file replaced by another of the same size at the same
 nanosecond with the same ends would be missed). Parsing a GGUF's metadata in Python takes seconds
 (151,936 token strings) and building its tokenizer ten more; reading these back takes well under one.
-The native weights in each form live beside them (runtime.load)."""
+The native weights in each form live beside them (runtime.native.loader)."""
 
 from __future__ import annotations
 

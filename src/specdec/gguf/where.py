@@ -10,14 +10,14 @@ from ..errors import SpecdecError
 
 def is_gguf(name_or_path: str) -> bool:
     """Whether `name_or_path` names a GGUF model (cheap: nothing is assembled or read)."""
-    from ..models.registry import REGISTRY
+    from ..registry import REGISTRY
 
     return name_or_path in REGISTRY or _file_in(Path(name_or_path)) is not None
 
 
 def gguf_path(name_or_path: str) -> Path:
     """The GGUF file `name_or_path` names (a registry model's is assembled first if needed)."""
-    from ..models.registry import REGISTRY, gguf_file
+    from ..registry import REGISTRY, gguf_file
 
     if name_or_path in REGISTRY:
         return gguf_file(name_or_path)

@@ -2,7 +2,7 @@
 
 `Drafts` holds the draft model as loaded and the variants methods ask for (quantized, restricted
 head: Method.draft_variant), each built once and before any of them runs: specdec repacks a
-model's weights the first time it runs (specdec.forward.prepare), and a repacked model can be
+model's weights the first time it runs (runtime.hf.prepare), and a repacked model can be
 deep-copied but no longer quantized or head-restricted. The variant that no other method needs
 is made from the loaded model in place, so a single draft method costs no copy.
 
@@ -29,7 +29,7 @@ from .spec import Method
 if TYPE_CHECKING:  # a native draft needs none of transformers' model side (seconds at start-up)
     from transformers import PreTrainedModel
 
-    from ..decode.lm import CausalLM
+    from ..runtime.hf.causal_lm import CausalLM
 
 Variant = tuple[str | None, int | None]  # (quant, vocab), as Method.draft_variant
 PLAIN: Variant = (None, None)
@@ -92,7 +92,7 @@ class Drafts:
         key = (method.draft_variant, method.cat)
         if key in self._lms:
             return self._lms[key]
-        from ..decode.lm import CausalLM
+        from ..runtime.hf.causal_lm import CausalLM
 
         lm = CausalLM(self.model(method.draft_variant), preallocate=not method.cat, invariant=False)
         if self.reuse_caches:

@@ -10,16 +10,15 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 import torch
-from transformers import PreTrainedModel
 
 from ..errors import SpecdecError
-from ..forward import PREPARED_FIX, is_prepared
+from ..runtime.hf.model_facts import HEAD_IDS, PREPARED_FIX, is_prepared
 
-# A draft whose output layer scores only some token ids carries those ids, sorted, as this
-# attribute of the model: its row i scores token HEAD_IDS[i] (specdec.proposers.draft reads it).
-HEAD_IDS = "specdec_head_ids"
+if TYPE_CHECKING:  # the native path picks a draft's frequent ids without transformers' model classes
+    from transformers import PreTrainedModel
 
 
 def restrict_head(model: PreTrainedModel, keep: torch.Tensor) -> PreTrainedModel:

@@ -19,7 +19,7 @@ from transformers import PreTrainedModel
 
 from .. import kernels
 from ..errors import SpecdecError
-from ..forward import PREPARED_FIX, is_prepared
+from ..runtime.hf.model_facts import PREPARED_FIX, is_prepared
 from .quant_cache import quantize_model
 from .quant_options import check_options
 

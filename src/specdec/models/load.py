@@ -1,8 +1,7 @@
-"""Loading target and draft models: registry names (specdec.models.registry) or local HF folders."""
+"""Loading target and draft models: registry names (specdec.registry) or local HF folders."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -10,7 +9,8 @@ import torch
 
 from ..errors import SpecdecError
 from ..machine import native_bf16
-from .registry import DEFAULT_DRAFT, DEFAULT_TARGET, REGISTRY, converted_folder, known_models
+from ..registry import DEFAULT_DRAFT, DEFAULT_TARGET, REGISTRY, converted_folder, known_models
+from ..runtime.hf.model_facts import eos_token_ids, logit_width
 
 if TYPE_CHECKING:  # transformers' model side is imported where a model loads (seconds at start-up)
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -42,7 +42,7 @@ def load_model(
     and write it (their activations are quantized to int8 inside the kernels)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from ..forward import prefer_gqa_attention
+    from ..runtime.hf.prepare import prefer_gqa_attention
     from .quant_cache import quantize_model, registry_weights
     from .quant_options import check_options
 
@@ -74,7 +74,7 @@ def random_model(name_or_path: str, dtype: str = "auto", device: str = "cpu") ->
     Registry models' architectures ship with specdec; a folder needs only its config.json."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from ..forward import prefer_gqa_attention
+    from ..runtime.hf.prepare import prefer_gqa_attention
 
     dtype = resolve_dtype(dtype, device)
     if dtype not in DTYPES:
@@ -162,13 +162,6 @@ def load_tokenizer(name_or_path: str, trust_remote_code: bool = False) -> PreTra
                                          local_files_only=True)
 
 
-def logit_width(model: PreTrainedModel) -> int:
-    """Rows of the model's output layer (token ids it scores)."""
-    head = model.get_output_embeddings()
-    # out_features also exists on quantized heads, whose weight is a method, not a tensor
-    return getattr(head, "out_features", None) or head.weight.shape[0]
-
-
 def scored_width(model) -> int:
     """Token ids a model scores: a transformers model's output layer, or a runtime's vocab_size
     (decode.interface.Runtime, e.g. the native runtime's)."""
@@ -180,18 +173,7 @@ def eos_of(model) -> tuple[int, ...]:
     return model.eos_token_ids if _is_runtime(model) else eos_token_ids(model)
 
 
-def eos_token_ids(model: PreTrainedModel) -> tuple[int, ...]:
-    """The model's end-of-sequence ids from its generation config (generate's default)."""
-    eos = getattr(model.generation_config, "eos_token_id", None)
-    return () if eos is None else token_ids(eos)
-
-
-def token_ids(value: int | Sequence[int]) -> tuple[int, ...]:
-    """One token id or several, as a tuple."""
-    return (value,) if isinstance(value, int) else tuple(int(t) for t in value)
-
-
 def _is_runtime(model) -> bool:
-    """A decode.interface.Runtime (told by its members, as decode.interface.runtime_of does), not a
-    transformers model."""
-    return hasattr(model, "prefill")
+    """A decode.interface.Runtime, not a transformers model (a torch module; as
+    runtime.choose.runtime_of tells them apart)."""
+    return not isinstance(model, torch.nn.Module)

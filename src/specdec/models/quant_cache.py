@@ -25,11 +25,11 @@ from transformers import PreTrainedModel
 
 from ..errors import SpecdecError
 from ..files import cache_root, cached
-from ..forward import PREPARED_FIX, is_prepared
+from ..runtime.hf.model_facts import PREPARED_FIX, is_prepared
 from ..quant.weights import INT4_GROUPS, fits, q8_rtn
 from .quant_options import GGUF_GROUP, describe
 from .quantized import FORMAT, Quantized, install, load, quantize_weights, save
-from .registry import REGISTRY, ModelSpec, converted_folder, gguf_file
+from ..registry import REGISTRY, ModelSpec, converted_folder, gguf_file
 
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from ..errors import SpecdecError
 from ..quant import MODES, NATIVE_ONLY
 from ..quant.weights import INT4_GROUPS
-from .registry import REGISTRY
+from ..registry import REGISTRY
 
 GGUF_GROUP = 32  # Q4_K blocks are groups of 32
 

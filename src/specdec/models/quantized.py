@@ -22,7 +22,7 @@ from tqdm import tqdm
 from transformers import PreTrainedModel
 
 from ..errors import SpecdecError
-from ..forward.linear import QuantLinear, SharedInputPart
+from ..runtime.hf.linear import QuantLinear, SharedInputPart
 from ..quant import MODES
 from ..quant.gguf_source import Decoded, linear_weights, matching
 from ..quant.weights import INT4_GROUPS, Q4Weight, Q8Weight, fits, q4_rtn, q8_rtn, stacked
@@ -62,7 +62,7 @@ def quantize_weights(model: PreTrainedModel, mode: str, gguf: Path | None = None
     return out
 
 
-# Layers that one module feeds the same input, computed as one (forward.linear.SharedInputPart).
+# Layers that one module feeds the same input, computed as one (runtime.hf.linear.SharedInputPart).
 _SHARED_INPUT = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 
 

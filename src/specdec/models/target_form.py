@@ -44,7 +44,7 @@ def kernel_path(device: str) -> str | None:
 def choose_form(requested: str, target: str, device: str) -> TargetForm:
     """The form `--target-quant requested` runs for this target on this device."""
     from ..gguf import is_gguf
-    from .registry import REGISTRY
+    from ..registry import REGISTRY
 
     if requested != AUTO:
         return TargetForm(requested, "as --target-quant says")

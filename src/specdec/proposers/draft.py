@@ -15,7 +15,7 @@ from .policy import Policy
 if TYPE_CHECKING:  # a native draft never imports transformers' model classes (seconds at start-up)
     from transformers import PreTrainedModel
 
-    from ..decode.lm import CausalLM
+    from ..runtime.hf.causal_lm import CausalLM
 
 
 class DraftModel:
@@ -41,7 +41,7 @@ class DraftModel:
         if k < 1:
             raise SpecdecError(f"k must be >= 1, got {k}")
         self.k, self.policy = k, policy or Policy()
-        self.lm = model if hasattr(model, "prefill") else _draft_lm(model)
+        self.lm = _draft_lm(model) if isinstance(model, torch.nn.Module) else model
         # A head restricted to some token ids (specdec.models.draft_head) scores only those; their
         # logits are spread back over the full vocabulary, the rest at -inf (q = 0 there).
         self._head_ids = self.lm.head_ids
@@ -158,6 +158,6 @@ class OverDraft:
 
 def _draft_lm(model):
     """A transformers draft in a CausalLM that keeps its logits in the model's dtype."""
-    from ..decode.lm import CausalLM
+    from ..runtime.hf.causal_lm import CausalLM
 
     return CausalLM(model, invariant=False)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..decode.proposal import Proposal
+from ..decode.proposal import Drafting, Proposal, settled
 from ..decode.sampling import SamplingConfig
 from ..errors import SpecdecError
 
@@ -50,6 +50,10 @@ class PromptLookup:
         full = starts[starts + k <= seq.numel()]
         start = int(full[-1]) if full.numel() else int(starts[0])
         return seq[start : start + k]
+
+    def drafting(self, seq: torch.Tensor, k: int, cfg: SamplingConfig, generator: torch.Generator | None) -> Drafting:
+        """propose's guesses as a conversation that needs no draft forward."""
+        return settled(self.propose(seq, k, cfg, generator))
 
     def observe(self, proposed: int, accepted: int) -> None:
         pass

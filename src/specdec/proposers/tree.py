@@ -13,7 +13,7 @@ from ..errors import SpecdecError
 from .draft import DraftModel, OverDraft, guess
 
 if TYPE_CHECKING:
-    from ..decode.lm import CausalLM
+    from ..runtime.hf.causal_lm import CausalLM
 
 
 class TreeDraft(OverDraft):

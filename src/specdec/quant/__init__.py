@@ -1,4 +1,4 @@
-"""Weight-only int8 / int4 models (specdec.forward.linear's kernels): weights (weights.py), read from
+"""Weight-only int8 / int4 models (runtime.hf.linear's kernels): weights (weights.py), read from
 a GGUF (gguf_source.py), per model (model.py), cached (cache.py)."""
 
 MODES = ("none", "int8", "int4")  # --target-quant; a draft takes these and int3 (DRAFT_MODES)

@@ -1,16 +1,18 @@
-"""specdec's own runtime for Llama-family models (Llama, Qwen2, Qwen3; GGUF files) on its Q4/Q5/Q8
-kernels: one C++ call per forward (kernels/decoder.cpp), every row's logits independent of the
-block it is computed in, behind the engine's model interface (NativeLM). docs/runtime.md."""
+"""The runtimes a model runs on, side by side behind one contract (decode.interface.Runtime):
+native/, specdec's own decoder for Llama-family models on its Q4/Q5/Q8 kernels; hf/ (next), a
+transformers model repacked for a block-invariant forward. choose says which one runs a model;
+pool holds the native decoder's cache slots shared by a batch's lanes."""
 
 from importlib import import_module
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .lm import NativeLM
-    from .load import CAPACITY, from_transformers, load_gguf
+    from .native.loader import CAPACITY, from_transformers, load_gguf
+    from .native.native_lm import NativeLM
 
 __all__ = ["CAPACITY", "NativeLM", "from_transformers", "load_gguf"]
-_HOMES = {"NativeLM": "lm", "CAPACITY": "load", "from_transformers": "load", "load_gguf": "load"}
+_HOMES = {"NativeLM": "native.native_lm", "CAPACITY": "native.loader", "from_transformers": "native.loader",
+          "load_gguf": "native.loader"}
 
 
 def __getattr__(name: str):  # imported on first use: runtime.choose alone is needed to parse arguments

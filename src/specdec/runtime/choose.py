@@ -1,4 +1,5 @@
-"""Which runtime a model runs on: specdec's native decoder or transformers' model (decode.lm).
+"""Which runtime a model runs on: specdec's native decoder (runtime.native) or transformers' model
+(runtime.hf); and the runtime a generation runs a model on (runtime_of).
 
 `auto` takes the native runtime where it runs the model as asked (a GGUF file or a registry
 model, whose GGUF it reads, int4 or int8 weights, on the CPU) and transformers' model everywhere
@@ -8,8 +9,15 @@ generate need)."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ..errors import SpecdecError
 from ..quant import MODES, NATIVE_ONLY
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+    from ..decode.interface import Runtime
 
 NATIVE_MODES = (*MODES[1:], *NATIVE_ONLY)  # the weight forms the native runtime runs
 
@@ -39,3 +47,19 @@ def unfit(name: str, quant: str, device: str) -> str | None:
     if not is_gguf(name):
         return f"it reads GGUF files (or registry models), not the Hugging Face folder {name}"
     return None
+
+
+def runtime_of(target: PreTrainedModel | Runtime, preallocate: bool = True) -> Runtime:
+    """The runtime a generation runs `target` on: a transformers model in a fresh runtime.hf CausalLM
+    (`preallocate` False: transformers' concatenating cache, cat=1), a runtime as it is (it starts
+    a fresh cache at its next prefill). A transformers model is told by being a torch module, so a
+    native runtime never imports transformers' model classes (seconds at start-up)."""
+    import torch
+
+    if isinstance(target, torch.nn.Module):  # a transformers model, not a Runtime
+        from .hf.causal_lm import CausalLM
+
+        return CausalLM(target, preallocate=preallocate)
+    if not preallocate:
+        raise SpecdecError("cat=1 measures transformers' concatenating KV cache: run it with --runtime hf")
+    return target

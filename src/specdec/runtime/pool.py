@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from ..errors import SpecdecError
-from .native import Decoder
+from .native.decoder import Decoder
 
 _LONG = torch.long
 

@@ -190,7 +190,8 @@ class DecodeWorker:
         loaded = self.loaded
         prompt = list(range(1, 1 + min(8, loaded.lm.vocab_size - 1)))
         generate(loaded.lm, prompt, drafter=loaded.drafter, max_new_tokens=WARMUP_TOKENS, eos_token_id=[])
-        for lm in (loaded.lm, getattr(loaded.drafter, "draft_lm", None)):  # requests decode on lanes of their own
+        draft_lm = loaded.drafter.draft_lm if loaded.drafter is not None else None
+        for lm in (loaded.lm, draft_lm):  # requests decode on lanes of their own
             if lm is not None:
                 lm.release()
 

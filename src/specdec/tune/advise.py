@@ -130,7 +130,7 @@ def run_advise(target, drafts, families: list[Method], tokenizer, settings: Advi
     With `saved` (the advice of a run elsewhere) the proposers' acceptance and rounds come from
     it and only the costs are measured here (nothing is confirmed): the models may then carry
     random weights, and `tokenizer` may be None (the timed context is then random token ids)."""
-    from ..decode.interface import runtime_of
+    from ..runtime.choose import runtime_of
     from .advice import rule_for
     from .candidates import NOT_RANKED, QUICK, draft_variant
     from .confirm import confirm, confirmed_choice

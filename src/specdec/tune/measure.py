@@ -17,8 +17,8 @@ import torch
 from transformers import PreTrainedModel
 
 from ..cost.kv import kv_cache_bytes_for_config
-from ..decode.lm import CausalLM
-from ..forward import BlockLinear
+from ..runtime.hf.causal_lm import CausalLM
+from ..runtime.hf.linear import BlockLinear
 from ..machine import synchronize
 
 # A decode step that reads memory at this share of the read bandwidth or more is bandwidth-bound:
@@ -110,7 +110,7 @@ def weight_bytes(model) -> int:
     """Bytes of the weights a decode step reads (each once). A runtime of specdec's own counts its
     packed weights itself; of a transformers model: the parameters but an input embedding that
     is not also the output layer, and the weights that specdec's packed and quantized linear
-    layers (specdec.forward.linear) and torch's dynamic int8 ones hold outside them, as buffers
+    layers (runtime.hf.linear) and torch's dynamic int8 ones hold outside them, as buffers
     or opaque packed tensors."""
     model = _model(model)
     if not isinstance(model, PreTrainedModel):

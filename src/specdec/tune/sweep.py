@@ -55,7 +55,7 @@ def sweep_context(target, drafts, tokenizer, n: int, settings: SweepSettings,
     import torch
 
     from ..decode.engine import generate
-    from ..decode.interface import runtime_of
+    from ..runtime.choose import runtime_of
     from ..machine import PeakMemory
     from ..methods.build import build_proposer
     from ..prompts.long import long_prompt

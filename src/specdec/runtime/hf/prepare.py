@@ -3,7 +3,7 @@ the same arithmetic whether it is decoded alone or verified in a block (docs/des
 forward for every token"), on prepacked weights that read faster.
 
 - linear layers: `PackedLinear` (oneDNN-prepacked where the CPU supports the dtype; short inputs
-  padded to the block size the layer's probe found to keep a row's bits, see forward.linear);
+  padded to the block size the layer's probe found to keep a row's bits, see runtime.hf.linear);
 - attention: row by row in decode and verify forwards (`attention.rows`);
 - logits in float32 from the final norm on, for a target (`float32_logits`): bf16 logits are
   0.125 apart at 16-32, so exact ties between the two best tokens were common.
@@ -16,14 +16,16 @@ from __future__ import annotations
 import copy
 import os
 
+from typing import TYPE_CHECKING
+
 import torch
-from transformers import PreTrainedModel
 
 from . import attention
 from .linear import BlockLinear, PackedLinear
+from .model_facts import PREPARED, is_prepared
 
-__all__ = ["PREPARED_FIX", "BlockLinear", "PackedLinear", "attention", "block_invariant", "is_prepared",
-           "prefer_gqa_attention", "prepare"]
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 # transformers' SDPA path expands grouped K/V heads to all query heads (a copy of the whole KV
 # cache, every layer) whenever an attention mask is passed, i.e. for every verify block of 2+
@@ -33,12 +35,6 @@ __all__ = ["PREPARED_FIX", "BlockLinear", "PackedLinear", "attention", "block_in
 # own, read at every attention call; it stays off for CUDA, where a mask with GQA would leave the
 # fast kernels.
 GQA_SWITCH = "TRANSFORMERS_SDPA_FORCE_GQA"
-
-# The attribute a prepared model carries: the options it was prepared with.
-PREPARED = "specdec_prepared"
-# Why a prepared model cannot be quantized or cut any more, and what to do instead.
-PREPARED_FIX = ("was already run by specdec, which repacked its weights for its forward: make quantized or "
-                "restricted-head copies of a draft before the first generation")
 
 
 def prepare(model: PreTrainedModel, float32_logits: bool = True) -> PreTrainedModel:
@@ -60,10 +56,6 @@ def prepare(model: PreTrainedModel, float32_logits: bool = True) -> PreTrainedMo
     model.config._attn_implementation = attention.NAME
     setattr(model, PREPARED, {"float32_logits": float32_logits})
     return model
-
-
-def is_prepared(model: PreTrainedModel) -> bool:
-    return getattr(model, PREPARED, None) is not None
 
 
 def block_invariant(model: PreTrainedModel) -> bool:

@@ -9,7 +9,7 @@ embedding tensor in these same forms.
 int3 mode, a draft's form, rounds every layer from what its tensor stands for: to Q3, the output
 layer to Q4 (the draft's guesses are its argmax).
 From a dense model (read_model: tests, Hugging Face folders) every layer is rounded.
-runtime.load keeps what is read here, packed, in the model cache (runtime.stored): reading and
+loader keeps what is read here, packed, in the model cache (stored_weights): reading and
 splitting a GGUF's blocks takes 15-45 s where the saved file maps in a blink.
 """
 
@@ -25,15 +25,15 @@ import numpy as np
 import torch
 from gguf import GGUFReader, quants
 
-from ..errors import SpecdecError
-from ..quant.gguf_source import EXACT, decode_exact, linear_weights, rows_unpermuted
-from ..quant.weights import Q4Weight, Q8Weight, q3_rtn, q4_rtn, q8_rtn
-from .config import DecoderConfig
+from ...decoder_config import DecoderConfig
+from ...errors import SpecdecError
+from ...quant.gguf_source import EXACT, decode_exact, linear_weights, rows_unpermuted
+from ...quant.weights import Q4Weight, Q8Weight, q3_rtn, q4_rtn, q8_rtn
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
-    from ..models.quantized import Quantized
+    from ...models.quantized import Quantized
 
 HEAD = "lm_head"
 EMBEDDING = "model.embed_tokens.weight"  # a float32 embedding (dense models, float GGUF tensors) in `dense`
@@ -139,7 +139,7 @@ def read_gguf(path: Path | GGUFReader, cfg: DecoderConfig, mode: str, keep: Keep
 def read_model(model: PreTrainedModel, cfg: DecoderConfig, mode: str) -> SourceWeights:
     """A dense Hugging Face model's weights, every linear layer rounded (int4: Q4 in groups of
     32, the output layer Q8; int8: Q8; int3: Q3, the output layer Q4)."""
-    from ..models.quantized import (
+    from ...models.quantized import (
         quantize_weights,  # transformers' side: imported only here
     )
 

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import torch
 
-from ..errors import SpecdecError
-from ..kernels import Packed
-from ..quant.weights import Q4Weight, Q8Weight, tensor_fields
-from .config import DecoderConfig
-from .weights import DecoderWeights, LayerWeights, Linear, head_weights
+from ...decoder_config import DecoderConfig
+from ...errors import SpecdecError
+from ...kernels import Packed
+from ...quant.weights import Q4Weight, Q8Weight, tensor_fields
+from .decoder_weights import DecoderWeights, LayerWeights, Linear, head_weights
 
 _LINEARS = ("qkv", "o", "gate_up", "down")
 _NORMS = ("attn_norm", "mlp_norm", "q_norm", "k_norm")

@@ -1,4 +1,4 @@
-"""NativeLM: the engine's model interface (what specdec.decode.lm.CausalLM offers it) on the native
+"""NativeLM: the engine's model interface (decode.interface.Runtime, as runtime.hf's CausalLM) on the native
 decoder. Every row is computed from itself and the cache slots it sees (kernels/decoder.cpp),
 so any forward, prefill included, gives each row the bits of that row decoded alone."""
 
@@ -9,10 +9,10 @@ from collections.abc import Sequence
 
 import torch
 
-from ..decode.rows import PREFILL_CHUNK, shared_prefix, tree_layout
-from ..errors import SpecdecError
-from .native import Decoder, Rows
-from .pool import SlotPool
+from ...errors import SpecdecError
+from ..pool import SlotPool
+from ..rows import PREFILL_CHUNK, shared_prefix, tree_layout
+from .decoder import Decoder, Rows
 
 _LONG = torch.long
 
@@ -24,6 +24,7 @@ class NativeLM:
     device = torch.device("cpu")
     dtype = torch.float32  # of activations, logits and K/V (the weights are Q4/Q8)
     invariant = True  # every row as if decoded alone, logits float32
+    shares_forward = True  # forward_lanes: one decoder call for all lanes
 
     def __init__(self, decoder: Decoder, eos_token_ids: Sequence[int], max_positions: int | None,
                  pool: SlotPool | None = None, slots: int | None = None):

@@ -1,6 +1,6 @@
 """Loading a model onto the native runtime: a GGUF file (a registry name resolves to its own),
 read whole from the file (shapes, end ids and tokenizer from its metadata, specdec.gguf; weights
-in their own blocks, runtime.source) and kept once in the model cache; or a dense transformers
+in their own blocks, weight_source) and kept once in the model cache; or a dense transformers
 model rounded (tests, local folders)."""
 
 from __future__ import annotations
@@ -12,14 +12,15 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ..errors import SpecdecError
-from .choose import NATIVE_MODES
-from .config import DecoderConfig, decoder_config, rotary_tables
-from .lm import NativeLM
-from .native import Decoder
-from .source import HEAD, layer, outside_layers, read_gguf, read_model
-from .stored import load_weights, save_weights
-from .weights import DecoderWeights, assemble, build, layer_weights
+from ...decoder_config import DecoderConfig, decoder_config
+from ...errors import SpecdecError
+from ..choose import NATIVE_MODES
+from .decoder import Decoder
+from .decoder_weights import DecoderWeights, assemble, build, layer_weights
+from .native_lm import NativeLM
+from .rotary import rotary_tables
+from .stored_weights import load_weights, save_weights
+from .weight_source import HEAD, layer, outside_layers, read_gguf, read_model
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -40,7 +41,7 @@ def _native_lm(weights: DecoderWeights, cfg: DecoderConfig, eos: tuple[int, ...]
 def load_gguf(name_or_path: str, mode: str = "int4", capacity: int = CAPACITY,
               head_ids: torch.Tensor | None = None) -> NativeLM:
     """The model of a GGUF file (or a registry name's) in `mode`: "int4", the file as it is (every
-    common block type kept exactly, runtime.source); "int8": its Q4/Q5 blocks rounded to Q8;
+    common block type kept exactly, weight_source); "int8": its Q4/Q5 blocks rounded to Q8;
     "int3", a draft's form: every layer rounded to Q3, the output layer to Q4. `head_ids`: score
     only these token ids (a restricted draft head, sorted; specdec.models.draft_head.frequent_tokens)."""
     began = time.perf_counter()
@@ -57,9 +58,9 @@ def store_gguf(name_or_path: str, mode: str = "int4"):
     the draft's conversion never runs beside a loaded target (a cold start peaks lower)."""
     from tqdm import tqdm
 
-    from ..files import WEIGHTS, cached
-    from ..gguf import gguf_path, prepared
-    from ..gguf.metadata import open_reader, release_pages
+    from ...files import WEIGHTS, cached
+    from ...gguf import gguf_path, prepared
+    from ...gguf.metadata import open_reader, release_pages
 
     _check_mode(mode)
     path = gguf_path(name_or_path)
@@ -101,7 +102,7 @@ def _return_freed_memory() -> None:
 def gguf_model(name_or_path: str, quant: str = "int4", capacity: int = CAPACITY):
     """A GGUF file's model on the native runtime (load_gguf) and its tokenizer: the library's
     loader of GGUF files (specdec.load_gguf), as specdec.load_model is of Hugging Face folders."""
-    from ..gguf import tokenizer_of
+    from ...gguf import tokenizer_of
 
     return load_gguf(name_or_path, quant, capacity), tokenizer_of(name_or_path)
 
@@ -111,7 +112,7 @@ def from_transformers(model: PreTrainedModel, mode: str = "int4", capacity: int 
     """A dense transformers model on the native runtime, every linear layer rounded (int4: Q4
     in groups of 32, int3: Q3; the output layer Q8, int3's Q4)."""
     _check_mode(mode)
-    from ..models.load import eos_token_ids
+    from ..hf.model_facts import eos_token_ids
 
     cfg = decoder_config(model.config)
     return _native_lm(build(cfg, read_model(model, cfg, mode), mode, head_ids), cfg, eos_token_ids(model), capacity)

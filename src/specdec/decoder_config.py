@@ -1,6 +1,7 @@
 """The shapes of a Llama-family model the native decoder runs (DecoderConfig), from a GGUF
 file's metadata (specdec.gguf) or a Hugging Face config; one it cannot run exactly is refused
-by the field that rules it out. And the rotary tables those shapes give."""
+by the field that rules it out. Below both the GGUF reader and the runtimes, and free of torch:
+resolving a model's form at start-up reads it."""
 
 from __future__ import annotations
 
@@ -8,9 +9,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import torch
-
-from ..errors import SpecdecError
+from .errors import SpecdecError
 
 if TYPE_CHECKING:  # the GGUF path builds a DecoderConfig without importing transformers
     from transformers import PretrainedConfig
@@ -91,16 +90,3 @@ def _refuse(config: PretrainedConfig) -> None:
     for field, (value, wanted) in checks.items():
         if value != wanted:
             raise SpecdecError(f"config {field} = {value!r}: specdec's native runtime supports {wanted!r} only")
-
-
-def rotary_tables(cfg: DecoderConfig, capacity: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin [capacity, head_dim / 2] float32 by position, with the operations of
-    transformers' default rotary module (its inverse frequencies, one float32 product per angle),
-    so the angles are the bits its forward uses; a GGUF's rope_freqs divide the frequencies, as
-    llama.cpp does for Llama 3."""
-    dim = cfg.head_dim
-    inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
-    if cfg.rope_factors is not None:
-        inv_freq = inv_freq / torch.tensor(cfg.rope_factors, dtype=torch.float32)
-    angles = torch.arange(capacity).float()[:, None] * inv_freq[None, :]
-    return angles.cos().contiguous(), angles.sin().contiguous()

@@ -25,9 +25,9 @@ from functools import cache
 import torch
 import torch.nn.functional as F
 
-from .. import kernels
-from ..errors import SpecdecError
-from ..quant.weights import Q4Weight, Q8Weight, fits
+from ... import kernels
+from ...errors import SpecdecError
+from ...quant.weights import Q4Weight, Q8Weight, fits
 
 # Blocks the probe compares: every size a verify block of k <= 16 guesses takes.
 PROBE_ROWS = tuple(range(1, 18))

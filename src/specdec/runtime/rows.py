@@ -1,4 +1,4 @@
-"""Helpers every runtime shares (decode.lm's over transformers' model, runtime.lm's native one):
+"""Helpers every runtime shares (runtime.hf's over transformers' model, runtime.native's own):
 how long prompts are cut, what two sequences share, and a token tree's depths and visibility.
 Nothing here imports a model library."""
 

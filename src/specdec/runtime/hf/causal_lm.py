@@ -4,16 +4,17 @@ cache, read its logits rows, trim, length. Another runtime only has to provide t
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 
 import torch
 from transformers import PreTrainedModel
 
-from ..errors import SpecdecError
-from ..forward import attention, block_invariant, prefer_gqa_attention, prepare
-from ..models.draft_head import HEAD_IDS
-from ..models.load import eos_token_ids, logit_width
-from .cache import KVCache, PreallocatedLayer, cache_keyword
-from .rows import PREFILL_CHUNK, shared_prefix, tree_layout
+from ...errors import SpecdecError
+from ..rows import PREFILL_CHUNK, shared_prefix, tree_layout
+from . import attention
+from .kv_cache import KVCache, PreallocatedLayer, cache_keyword
+from .model_facts import HEAD_IDS, eos_token_ids, logit_width
+from .prepare import block_invariant, prefer_gqa_attention, prepare
 
 # Prompts are prefilled in blocks of at most this many tokens: a forward's activations (the MLP's
 # intermediate rows, attention scores where SDPA materialises them) grow with its rows: at 8K one
@@ -24,11 +25,13 @@ from .rows import PREFILL_CHUNK, shared_prefix, tree_layout
 class CausalLM:
     """A causal LM together with one KV cache holding a prefix of the sequence."""
 
+    shares_forward = False  # transformers' path has no multi-sequence forward: a lane at a time
+
     def __init__(self, model: PreTrainedModel, preallocate: bool = True, invariant: bool = True):
         """`preallocate`: the KV cache in buffers written in place (cache.PreallocatedLayer);
         False: transformers' DynamicCache, which concatenates on every forward.
 
-        The model is repacked in place for specdec's forward (specdec.forward.prepare), once.
+        The model is repacked in place for specdec's forward (runtime.hf.prepare), once.
         `invariant` (a target): every decode and verify forward computes each row as it would be
         computed alone, so speculative output is bit for bit the plain one; logits in float32.
         A draft only proposes: False keeps its logits in the model's dtype and lets a tree's
@@ -75,6 +78,11 @@ class CausalLM:
     def release(self) -> None:
         """Free the cache's memory (the lane's sequence ended)."""
         self.reset()
+
+    @staticmethod
+    def forward_lanes(blocks: Sequence[tuple[CausalLM, torch.Tensor, bool]]) -> list[torch.Tensor]:
+        """Each (lane, tokens, last_only) block appended to its lane, one forward each."""
+        return [lm.forward(tokens, last_only=last_only) for lm, tokens, last_only in blocks]
 
     def reset(self) -> None:
         self.cache = KVCache(self.model, self.preallocate)

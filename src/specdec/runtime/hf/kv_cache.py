@@ -16,7 +16,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import DynamicLayer
 
-from ..errors import SpecdecError
+from ...errors import SpecdecError
 
 
 def cache_keyword(model: PreTrainedModel) -> str:

@@ -8,11 +8,11 @@ from dataclasses import dataclass
 
 import torch
 
-from ..errors import SpecdecError
-from ..kernels import Packed, pack
-from ..quant.weights import Q4Weight, Q8Weight, stacked, tensor_fields
-from .config import DecoderConfig
-from .source import EMBEDDING, EMBEDDING_TABLE, HEAD, SourceWeights
+from ...decoder_config import DecoderConfig
+from ...errors import SpecdecError
+from ...kernels import Packed, pack
+from ...quant.weights import Q4Weight, Q8Weight, stacked, tensor_fields
+from .weight_source import EMBEDDING, EMBEDDING_TABLE, HEAD, SourceWeights
 
 
 @dataclass

@@ -19,8 +19,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from ..errors import SpecdecError
-from ..files import COMPLETE_MARKER, cache_root, exclusive, remove, remove_stale_temps, scratch
+from .errors import SpecdecError
+from .files import COMPLETE_MARKER, cache_root, exclusive, remove, remove_stale_temps, scratch
 
 _CHUNK = 8 << 20
 

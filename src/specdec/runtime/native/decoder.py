@@ -12,11 +12,11 @@ from pathlib import Path
 
 import torch
 
-from ..errors import SpecdecError
-from ..kernels import Packed, library_path
-from .weights import DecoderWeights, Linear
+from ...errors import SpecdecError
+from ...kernels import Packed, library_path
+from .decoder_weights import DecoderWeights, Linear
 
-SOURCE = Path(__file__).parent.parent / "kernels" / "decoder.cpp"
+SOURCE = Path(__file__).parents[2] / "kernels" / "decoder.cpp"
 _i32, _i64, _f32, _p = ctypes.c_int32, ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
 
 
