@@ -1,32 +1,33 @@
-"""specdec serve through the official openai client, on 127.0.0.1, with tiny random models saved
-as local folders (loaded by load_proposer, as `specdec generate` loads them): outputs equal
-generate's, logprobs are the target's, per-request figures agree with the tokens and with
-/metrics, bad input gets OpenAI-style errors, clients may leave mid-stream."""
+"""specdec serve through the official openai client, on 127.0.0.1, on specdec's native runtime
+with tiny GGUF files (tests/serve_native.py): greedy outputs equal the target's own decoding,
+logprobs are the target's, per-request figures agree with the tokens and with /metrics, bad
+input gets OpenAI-style errors, clients may leave mid-stream, requests decode together each as
+alone. The folders of tiny transformers models here (`folders`, `start`) serve `--runtime hf`
+where that runtime is the point (test_hf_runtime_serves; test_serve_sampling's exactness and
+test_serve_soak use them too)."""
 
 from __future__ import annotations
 
 import json
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 
 import httpx
 import openai
 import pytest
 import torch
 from conftest import perturbed, tiny_model
-from prometheus_client.parser import text_string_to_metric_families
+from gguf_files import VOCAB
+from serve_native import CONTEXT, METHOD, Running, launch, start_native, stop, target_alone
 
-from specdec.cli import build_parser, main
-from specdec.cli.args import resolve_target_form
+from specdec.cli import main
 
 # One character per token (AutoTokenizer loads a word-level tokenizer in these folders as Qwen2's
 # tokenizer, which keeps one-character words intact, and adds one special token); with <unk> and
 # 62 words that fills the tiny vocabulary.
 WORDS = list("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789")
 PROMPT = "a b c d e a b c"
-METHOD = "draft:k=3"
+NO_EOS = {"ignore_eos": True}  # random weights may pick an end token: replies that count tokens run to the limit
 
 
 def word_tokenizer():
@@ -41,6 +42,7 @@ def word_tokenizer():
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory) -> tuple[str, str]:
+    """Tiny transformers models saved as folders (target, draft), for `--runtime hf` servers."""
     root = tmp_path_factory.mktemp("serve-models")
     target = tiny_model(1)
     for name, model in (("target", target), ("draft", perturbed(target, seed=2, scale=0.3))):
@@ -55,53 +57,9 @@ def model_args(folders, *extra) -> list[str]:
             "--proposer", METHOD, *extra]
 
 
-@dataclass
-class Running:
-    url: str
-    name: str
-    worker: object
-    server: object
-
-    def client(self, **kw) -> openai.OpenAI:
-        return openai.OpenAI(base_url=f"{self.url}/v1", api_key=kw.pop("api_key", "none"), max_retries=0, **kw)
-
-    def metrics(self) -> dict:
-        """Every sample of /metrics, by name (and the label values but model_name)."""
-        text = httpx.get(f"{self.url}/metrics").text
-        out = {}
-        for family in text_string_to_metric_families(text):
-            for s in family.samples:
-                labels = tuple(v for k, v in sorted(s.labels.items()) if k != "model_name")
-                out[(s.name, *labels)] = s.value
-        return out
-
-
 def start(folders, *extra) -> Running:
-    from specdec.cli.serve import build_server
-    from specdec.serve.server import bound_socket
-
-    args = build_parser().parse_args(["serve", *model_args(folders, "--port", "0", "--log-level", "warning", *extra)])
-    resolve_target_form(args)
-    server, worker = build_server(args)
-    sock = bound_socket("127.0.0.1", 0)
-    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    worker.start()
-    threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True).start()
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and worker.state != "failed":
-        try:
-            if httpx.get(f"{url}/health").status_code == 200:
-                return Running(url, args.target, worker, server)
-        except httpx.TransportError:
-            pass
-        time.sleep(0.05)
-    raise AssertionError(f"the server did not get ready: {worker.state} {worker.load_error}")
-
-
-def stop(running: Running) -> None:
-    running.server.should_exit = True
-    running.worker.stop()
-    running.worker.join(10)
+    """A `--runtime hf` server of the tiny folders."""
+    return launch(model_args(folders, *extra))
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -110,15 +68,37 @@ def _one_thread(one_thread):
 
 
 @pytest.fixture(scope="module")
-def served(folders):
-    running = start(folders, "--max-queue", "8")
+def gguf(tmp_path_factory):
+    """The folder of the tiny GGUF pair (and its prepared parts)."""
+    return tmp_path_factory.mktemp("serve-gguf")
+
+
+@pytest.fixture(scope="module")
+def served(gguf):
+    running = start_native(gguf, "--max-queue", "8")
     yield running
     stop(running)
 
 
-def generate_json(capsys, folders, prompt: str, tokens: int) -> dict:
-    assert main(["generate", *model_args(folders), "--prompt", prompt, "--max-new-tokens", str(tokens), "--json"]) == 0
-    return json.loads(capsys.readouterr().out)
+@pytest.fixture(scope="module")
+def alone(gguf):
+    """The target alone, in this process, and its tokenizer."""
+    return target_alone(gguf)
+
+
+def greedy_alone(alone, prompt_ids: list[int], tokens: int) -> list[int]:
+    """The target's own greedy decoding (no proposer), past end tokens."""
+    from specdec import generate
+
+    lm, _ = alone
+    return generate(lm, prompt_ids, max_new_tokens=tokens, eos_token_id=[]).new_tokens
+
+
+def encode(alone, text: str) -> list[int]:
+    """A completions prompt's ids, as the server encodes it."""
+    from specdec.prompts.chat import encode_prompt
+
+    return encode_prompt(alone[1], text, raw=True)
 
 
 def check_timings(t: dict, completion_tokens: int, k: int = 3) -> None:
@@ -130,70 +110,80 @@ def check_timings(t: dict, completion_tokens: int, k: int = 3) -> None:
     assert t["method"] == METHOD and t["prompt_n"] > 0 and t["prompt_ms"] > 0
 
 
+def ids_of(logprobs_tokens: list[str]) -> list[int]:
+    """Token ids from logprobs entries spelled token_id:N (return_tokens_as_token_ids)."""
+    return [int(t.split(":")[1]) for t in logprobs_tokens]
+
+
 # --- output ----------------------------------------------------------------------------------
 
 
-def test_greedy_completion_equals_generate(served, folders, capsys):
-    expected = generate_json(capsys, folders, PROMPT, 24)
+def test_greedy_completion_equals_the_target_alone(served, alone):
+    prompt_ids = encode(alone, PROMPT)
+    expected_ids = greedy_alone(alone, prompt_ids, 24)
+    expected = alone[1].decode(expected_ids, skip_special_tokens=True)
     client = served.client()
-    whole = client.completions.create(model=served.name, prompt=PROMPT, max_tokens=24, temperature=0, logprobs=1)
+    whole = client.completions.create(model=served.name, prompt=PROMPT, max_tokens=24, temperature=0, logprobs=1,
+                                      extra_body={**NO_EOS, "return_tokens_as_token_ids": True})
     choice = whole.choices[0]
-    assert choice.text == expected["text"] and choice.finish_reason == "length"
-    assert whole.usage.completion_tokens == 24 == len(expected["new_tokens"])
+    assert ids_of(choice.logprobs.tokens) == expected_ids
+    assert choice.text == expected and choice.finish_reason == "length"
+    assert whole.usage.completion_tokens == 24 and whole.usage.prompt_tokens == len(prompt_ids)
     check_timings(whole.model_extra["timings"], 24)
     streamed = list(client.completions.create(model=served.name, prompt=PROMPT, max_tokens=24, temperature=0,
-                                              stream=True, stream_options={"include_usage": True}))
-    assert "".join(c.choices[0].text for c in streamed if c.choices) == expected["text"]
+                                              stream=True, stream_options={"include_usage": True}, extra_body=NO_EOS))
+    assert "".join(c.choices[0].text for c in streamed if c.choices) == expected
     assert streamed[-1].usage.completion_tokens == 24 and not streamed[-1].choices
     check_timings(streamed[-1].model_extra["timings"], 24)
-    # the same prompt as token ids, with vLLM's token_id:N spelling: the ids themselves
+    # the same prompt as token ids
     ids = httpx.post(f"{served.url}/v1/completions", json={
-        "model": served.name, "prompt": expected_prompt_ids(folders), "max_tokens": 24, "temperature": 0,
-        "logprobs": 0, "return_tokens_as_token_ids": True}).json()
-    assert [int(t.split(":")[1]) for t in ids["choices"][0]["logprobs"]["tokens"]] == expected["new_tokens"]
+        "model": served.name, "prompt": prompt_ids, "max_tokens": 24, "temperature": 0, "logprobs": 0,
+        "return_tokens_as_token_ids": True, **NO_EOS}).json()
+    assert ids_of(ids["choices"][0]["logprobs"]["tokens"]) == expected_ids
 
 
-def expected_prompt_ids(folders) -> list[int]:
-    from transformers import AutoTokenizer
+def test_chat_streamed_and_not(served, alone):
+    """A chat request's prompt is the model's chat template (SmolLM2's, from the GGUF) over the messages."""
+    from specdec.prompts.chat import encode_messages
 
-    return AutoTokenizer.from_pretrained(folders[0])(PROMPT)["input_ids"]
-
-
-def test_chat_streamed_and_not(served, folders, capsys):
-    expected = generate_json(capsys, folders, PROMPT, 16)  # generate applies the chat template (none here)
-    client = served.client()
     messages = [{"role": "user", "content": PROMPT}]
-    whole = client.chat.completions.create(model=served.name, messages=messages, max_tokens=16, temperature=0)
-    assert whole.choices[0].message.content == expected["text"] and whole.choices[0].message.role == "assistant"
+    prompt_ids = encode_messages(alone[1], messages)
+    expected = alone[1].decode(greedy_alone(alone, prompt_ids, 16), skip_special_tokens=True)
+    client = served.client()
+    whole = client.chat.completions.create(model=served.name, messages=messages, max_tokens=16, temperature=0,
+                                           extra_body=NO_EOS)
+    assert whole.choices[0].message.content == expected and whole.choices[0].message.role == "assistant"
+    assert whole.usage.prompt_tokens == len(prompt_ids)
     check_timings(whole.model_extra["timings"], whole.usage.completion_tokens)
     chunks = list(client.chat.completions.create(model=served.name, messages=messages, max_tokens=16, temperature=0,
-                                                 stream=True))
+                                                 stream=True, extra_body=NO_EOS))
     assert chunks[0].choices[0].delta.role == "assistant"
-    assert "".join(c.choices[0].delta.content or "" for c in chunks) == expected["text"]
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == expected
     last = chunks[-1]
     assert last.choices[0].finish_reason == "length"
     assert last.usage.completion_tokens == 16
     check_timings(last.model_extra["timings"], 16)
 
 
-def test_logprobs_are_the_targets(served, folders):
+def test_logprobs_are_the_targets(served, alone):
     """Each returned token's logprob and alternatives are the target's own (log-softmax of its
     logits after the prompt and the tokens before), greedy tokens its top-1."""
-    from transformers import AutoModelForCausalLM
-
     reply = served.client().chat.completions.create(
         model=served.name, messages=[{"role": "user", "content": PROMPT}], max_tokens=12, temperature=0,
-        logprobs=True, top_logprobs=3)
+        logprobs=True, top_logprobs=3, extra_body=NO_EOS)
     entries = reply.choices[0].logprobs.content
     assert len(entries) == 12
-    model = AutoModelForCausalLM.from_pretrained(folders[0], dtype=torch.float32)
-    ids = expected_prompt_ids(folders) + [e.model_extra["id"] for e in entries]
-    with torch.no_grad():
-        logp = torch.log_softmax(model(torch.tensor([ids])).logits[0].float(), -1)
+    from specdec.prompts.chat import encode_messages
+
+    ids = encode_messages(alone[1], [{"role": "user", "content": PROMPT}]) + [e.model_extra["id"] for e in entries]
+    lm = alone[0]
+    lm.release()
+    logp = torch.log_softmax(lm.forward(torch.tensor(ids)).float(), -1)
+    lm.release()
     start = len(ids) - len(entries) - 1
     for i, e in enumerate(entries):
         row = logp[start + i]
-        assert e.logprob == pytest.approx(row[e.model_extra["id"]].item(), abs=1e-4)
+        assert e.logprob == pytest.approx(row[e.model_extra["id"]].item(), abs=1e-3)
         assert [a.model_extra["id"] for a in e.top_logprobs] == row.topk(3).indices.tolist()
         assert e.top_logprobs[0].model_extra["id"] == e.model_extra["id"]  # greedy: the best token
 
@@ -205,45 +195,52 @@ def test_sampling_with_seed_repeats(served):
     assert ask() == ask()
 
 
-def test_stop_string(served):
-    client = served.client()
-    full = client.completions.create(model=served.name, prompt=PROMPT, max_tokens=24, temperature=0).choices[0].text
-    assert len(full) == 24  # one character per token (the decode joins them)
-    stop = full[10:12]
+def test_stop_string(served, alone):
+    """The reply ends before the stop string's first occurrence; the tokens counted run up to the
+    one that completed it."""
+    tokenizer = alone[1]
+    ids = greedy_alone(alone, encode(alone, PROMPT), 24)
+    full = tokenizer.decode(ids, skip_special_tokens=True)
+    stop = full[len(full) // 2 : len(full) // 2 + 2]
     cut = full.index(stop)
-    reply = client.completions.create(model=served.name, prompt=PROMPT, max_tokens=24, temperature=0, stop=[stop])
+    completed = next(n for n in range(1, 25) if stop in tokenizer.decode(ids[:n], skip_special_tokens=True))
+    client = served.client()
+    reply = client.completions.create(model=served.name, prompt=PROMPT, max_tokens=24, temperature=0, stop=[stop],
+                                      extra_body=NO_EOS)
     assert reply.choices[0].text == full[:cut] and reply.choices[0].finish_reason == "stop"
     check_timings(reply.model_extra["timings"], reply.usage.completion_tokens)
-    assert reply.usage.completion_tokens == cut + 2  # up to the token that completed the stop string
+    assert reply.usage.completion_tokens == completed
     streamed = client.completions.create(model=served.name, prompt=PROMPT, max_tokens=24, temperature=0,
-                                         stop=stop, stream=True)
+                                         stop=stop, stream=True, extra_body=NO_EOS)
     assert "".join(c.choices[0].text for c in streamed if c.choices) == full[:cut]
 
 
-
-def test_streamed_logprobs_name_every_token(served):
+def test_streamed_logprobs_name_every_token(served, alone):
     chunks = list(served.client().completions.create(model=served.name, prompt=PROMPT, max_tokens=10, temperature=0,
-                                                      logprobs=2, stream=True))
+                                                      logprobs=2, stream=True,
+                                                      extra_body={**NO_EOS, "return_tokens_as_token_ids": True}))
     tokens = [t for c in chunks if c.choices and c.choices[0].logprobs for t in c.choices[0].logprobs.tokens]
     text = "".join(c.choices[0].text for c in chunks if c.choices)
-    assert len(tokens) == 10 and "".join(tokens) == text
+    assert len(tokens) == 10 and alone[1].decode(ids_of(tokens), skip_special_tokens=True) == text
 
 
-def test_chat_template_conversation(served, monkeypatch):
+def test_chat_template_conversation(served, alone, monkeypatch):
     """A conversation goes through the tokenizer's chat template (here a plain one set for the test)."""
     tokenizer = served.worker.loaded.tokenizer
-    monkeypatch.setattr(tokenizer, "chat_template", "{% for m in messages %}{{ m['content'] }} {% endfor %}", raising=False)
+    monkeypatch.setattr(tokenizer, "chat_template", "{{ messages | map(attribute='content') | join(' ') }}",
+                        raising=False)
     messages = [{"role": "system", "content": "a b"}, {"role": "user", "content": "c d"},
                 {"role": "assistant", "content": "e"}, {"role": "user", "content": [{"type": "text", "text": "f"}]}]
     client = served.client()
     chat = client.chat.completions.create(model=served.name, messages=messages, max_tokens=8, temperature=0)
     same = client.completions.create(model=served.name, prompt="a b c d e f", max_tokens=8, temperature=0)
-    assert chat.usage.prompt_tokens == same.usage.prompt_tokens == 6
+    assert chat.usage.prompt_tokens == same.usage.prompt_tokens == len(encode(alone, "a b c d e f"))
     assert chat.choices[0].message.content == same.choices[0].text
 
 
 def test_min_p_is_taken(served):
-    body = {"model": served.name, "prompt": PROMPT, "max_tokens": 6, "temperature": 0.8, "min_p": 0.05, "seed": 1}
+    body = {"model": served.name, "prompt": PROMPT, "max_tokens": 6, "temperature": 0.8, "min_p": 0.05, "seed": 1,
+            **NO_EOS}
     reply = httpx.post(f"{served.url}/v1/completions", json=body)
     assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] == 6
 
@@ -252,7 +249,8 @@ def test_min_p_is_taken(served):
 
 def test_metrics_grow_by_one_request(served):
     before = served.metrics()
-    reply = served.client().completions.create(model=served.name, prompt=PROMPT, max_tokens=30, temperature=0)
+    reply = served.client().completions.create(model=served.name, prompt=PROMPT, max_tokens=30, temperature=0,
+                                               extra_body=NO_EOS)
     after = served.metrics()
     t = reply.model_extra["timings"]
     grew = lambda name, *labels: after.get((name, *labels), 0) - before.get((name, *labels), 0)
@@ -276,6 +274,23 @@ def test_models_and_health(served):
     assert httpx.get(f"{served.url}/health").json() == {"status": "ok"}
 
 
+def test_hf_runtime_serves(folders, capsys):
+    """`--runtime hf` (a transformers folder) still serves: a greedy completion equals `specdec
+    generate` on the same folders, and a tokenizer without a chat template refuses a conversation."""
+    assert main(["generate", *model_args(folders), "--prompt", PROMPT, "--max-new-tokens", "16", "--json"]) == 0
+    expected = json.loads(capsys.readouterr().out)
+    running = start(folders)
+    try:
+        reply = running.client().completions.create(model=running.name, prompt=PROMPT, max_tokens=16, temperature=0)
+        assert reply.choices[0].text == expected["text"] and reply.usage.completion_tokens == 16
+        check_timings(reply.model_extra["timings"], 16)
+        refused = httpx.post(f"{running.url}/v1/chat/completions", json={"model": running.name, "messages": [
+            {"role": "system", "content": "a"}, {"role": "user", "content": "b"}]})
+        assert refused.status_code == 400 and "no chat template" in refused.json()["error"]["message"]
+    finally:
+        stop(running)
+
+
 # --- bad input -------------------------------------------------------------------------------
 
 BAD = [
@@ -292,11 +307,11 @@ BAD = [
     ("completions", {"prompt": "   "}, 400, "the prompt is empty"),
     ("completions", {"prompt": []}, 400, "empty list"),
     ("completions", {"max_tokens": 3}, 400, "prompt is missing"),
-    ("completions", {"prompt": [1, 2, 64]}, 400, "token id 64 is outside the vocabulary"),
+    ("completions", {"prompt": [1, 2, VOCAB]}, 400, f"token id {VOCAB} is outside the vocabulary"),
     ("completions", {"prompt": [1, -1]}, 400, "outside the vocabulary"),
     ("completions", {"prompt": ["a b", "c d"]}, 400, "send one prompt per request"),
-    ("completions", {"prompt": " ".join(["a"] * 600)}, 400, "context is 512"),
-    ("completions", {"prompt": PROMPT, "max_tokens": 600}, 400, "lower max_tokens to at most"),
+    ("completions", {"prompt": " ".join(["a"] * (CONTEXT + 10))}, 400, f"context is {CONTEXT}"),
+    ("completions", {"prompt": PROMPT, "max_tokens": CONTEXT}, 400, "lower max_tokens to at most"),
     ("completions", {"prompt": PROMPT, "model": "gpt-4"}, 404, "does not exist"),
     ("completions", {"prompt": PROMPT, "stop": 5}, 400, "stop must be a string"),
     ("completions", {"prompt": PROMPT, "temperature": "hot"}, 400, "temperature must be a number"),
@@ -306,8 +321,6 @@ BAD = [
     ("chat/completions", {"prompt": PROMPT}, 400, "messages is missing"),
     ("chat/completions", {"messages": [{"role": "user", "content": " "}]}, 400, "every message is empty"),
     ("chat/completions", {"messages": [{"role": "wizard", "content": "a"}]}, 400, "role must be"),
-    ("chat/completions", {"messages": [{"role": "system", "content": "a"}, {"role": "user", "content": "b"}]}, 400,
-     "no chat template"),
     ("chat/completions", {"messages": [{"role": "user", "content": "a"}], "top_logprobs": 2}, 400,
      "top_logprobs needs logprobs"),
     ("chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}, 400,
@@ -324,10 +337,11 @@ def test_bad_input_gets_an_openai_error(served, path, body, status, message):
 
 
 def test_malformed_requests(served):
+    as_json = {"Content-Type": "application/json"}
     for content in (b"{not json", b"", b"[1, 2]", "\u00e9".encode("latin-1")):
-        reply = httpx.post(f"{served.url}/v1/completions", content=content)
+        reply = httpx.post(f"{served.url}/v1/completions", content=content, headers=as_json)
         assert reply.status_code == 400 and reply.json()["error"]["code"] == "invalid_json", content
-    assert httpx.post(f"{served.url}/v1/completions", content=b"x" * (9 << 20)).status_code == 413
+    assert httpx.post(f"{served.url}/v1/completions", content=b"x" * (9 << 20), headers=as_json).status_code == 413
     assert httpx.get(f"{served.url}/v1/nothing").json()["error"]["code"] == "not_found"
     assert httpx.get(f"{served.url}/v1/completions").status_code == 405
     # the openai client raises its own error classes from these statuses
@@ -342,7 +356,7 @@ def test_malformed_requests(served):
 FIELDS = ["model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k",
           "min_p", "seed", "stop", "stream", "stream_options", "logprobs", "top_logprobs", "n", "presence_penalty",
           "echo", "logit_bias", "response_format", "return_tokens_as_token_ids", "ignore_eos", "user"]
-ODD_VALUES = [None, "x", -1, 1.5, 10**12, [1, "a"], {"a": 1}, True]
+ODD_VALUES = [None, "x", -1, 1.5, 10**12, 10**400, -(10**30), 1e300, [1, "a"], {"a": 1}, True]
 CHAT_FIELDS = ["messages", "max_completion_tokens", "logprobs", "top_logprobs", "response_format"]
 
 
@@ -378,7 +392,7 @@ def slow_rounds(served, monkeypatch):
 
 def test_disconnect_mid_stream_stops_the_generation(served, slow_rounds):
     before = served.metrics()
-    body = {"model": served.name, "prompt": PROMPT, "max_tokens": 400, "temperature": 0, "stream": True}
+    body = {"model": served.name, "prompt": PROMPT, "max_tokens": 400, "temperature": 0, "stream": True, **NO_EOS}
     with httpx.stream("POST", f"{served.url}/v1/completions", json=body) as reply:
         for line in reply.iter_lines():
             if line.startswith("data: {"):
@@ -390,7 +404,7 @@ def test_disconnect_mid_stream_stops_the_generation(served, slow_rounds):
         time.sleep(0.05)
     generated = served.metrics()[("specdec:generation_tokens_total",)] - before[("specdec:generation_tokens_total",)]
     assert 0 < generated < 400
-    reply = served.client().completions.create(model=served.name, prompt=PROMPT, max_tokens=5)
+    reply = served.client().completions.create(model=served.name, prompt=PROMPT, max_tokens=5, extra_body=NO_EOS)
     assert reply.usage.completion_tokens == 5
 
 
@@ -416,9 +430,10 @@ def test_soak_some_cancelled(served):
             return "left"
         if i % 2:
             reply = client.chat.completions.create(model=served.name, messages=[{"role": "user", "content": PROMPT}],
-                                                   max_tokens=8 + i % 5, temperature=0.7, seed=i)
+                                                   max_tokens=8 + i % 5, temperature=0.7, seed=i, extra_body=NO_EOS)
         else:
-            reply = client.completions.create(model=served.name, prompt=PROMPT, max_tokens=8 + i % 5)
+            reply = client.completions.create(model=served.name, prompt=PROMPT, max_tokens=8 + i % 5,
+                                              extra_body=NO_EOS)
         assert reply.usage.completion_tokens == 8 + i % 5
         return "answered"
 
@@ -440,14 +455,14 @@ def test_soak_some_cancelled(served):
 
 
 @pytest.mark.parametrize("round_rows", ["0", "16"])
-def test_concurrent_requests_decode_together_each_as_alone(folders, monkeypatch, round_rows):
+def test_concurrent_requests_decode_together_each_as_alone(gguf, monkeypatch, round_rows):
     """Six greedy requests (different prompts and lengths, chat and completions) sent at once to
     a server that decodes up to 3 together, arriving prompts prefilled alone or in chunks inside
     the running rounds (--round-rows): each answer equals the same request sent alone, and the
     batch ran 3 sequences at once (it batched, within --max-sequences), never more."""
     from specdec.decode.batch import Batch
 
-    running = start(folders, "--max-sequences", "3", "--round-rows", round_rows)
+    running = start_native(gguf, "--max-sequences", "3", "--round-rows", round_rows)
     sizes: list[int] = []
     step = Batch.step
     monkeypatch.setattr(Batch, "step", lambda self: sizes.append(len(self.running)) or step(self))
@@ -473,12 +488,12 @@ def test_concurrent_requests_decode_together_each_as_alone(folders, monkeypatch,
     assert max(sizes) == 3
 
 
-def test_a_request_waits_for_kv_room(folders, monkeypatch):
+def test_a_request_waits_for_kv_room(gguf, monkeypatch):
     """With --kv-tokens room for about one request's reservation, two sent at once decode one
     after the other (the second waits in the batch's admission, not refused), both answered."""
     from specdec.decode.batch import Batch
 
-    running = start(folders, "--kv-tokens", "60")
+    running = start_native(gguf, "--kv-tokens", "60")
     sizes: list[int] = []
     step = Batch.step
     monkeypatch.setattr(Batch, "step", lambda self: sizes.append(len(self.running)) or step(self))
@@ -486,21 +501,22 @@ def test_a_request_waits_for_kv_room(folders, monkeypatch):
     try:
         with ThreadPoolExecutor(2) as pool:
             replies = list(pool.map(lambda i: client.completions.create(model=running.name, prompt=PROMPT,
-                                                                        max_tokens=30, temperature=0), range(2)))
+                                                                        max_tokens=30, temperature=0,
+                                                                        extra_body=NO_EOS), range(2)))
     finally:
         stop(running)
     assert [r.usage.completion_tokens for r in replies] == [30, 30]
     assert max(sizes) == 1
 
 
-def test_shutdown_ends_a_running_stream(folders, monkeypatch):
+def test_shutdown_ends_a_running_stream(gguf, monkeypatch):
     """What SIGINT/SIGTERM do (uvicorn calls handle_exit): the running generation ends at its next
     round with finish_reason "abort", the stream closes with [DONE] and the server exits."""
     import signal
 
-    running = start(folders)
+    running = start_native(gguf)
     slowed(monkeypatch)
-    body = {"model": running.name, "prompt": PROMPT, "max_tokens": 400, "stream": True}
+    body = {"model": running.name, "prompt": PROMPT, "max_tokens": 400, "stream": True, **NO_EOS}
     lines = []
     with httpx.stream("POST", f"{running.url}/v1/completions", json=body, timeout=30) as reply:
         for line in filter(None, reply.iter_lines()):
@@ -556,8 +572,8 @@ def test_loading_answers_503():
     assert reply.status_code == 503 and reply.json()["error"]["code"] == "loading"
     assert client.get("/metrics").status_code == 200
 
-def test_api_key(folders):
-    running = start(folders, "--api-key", "sesame")
+def test_api_key(gguf):
+    running = start_native(gguf, "--api-key", "sesame")
     try:
         with pytest.raises(openai.AuthenticationError, match="missing or wrong API key"):
             running.client(api_key="wrong").completions.create(model=running.name, prompt=PROMPT, max_tokens=2)
