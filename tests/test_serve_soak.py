@@ -98,7 +98,8 @@ def soak(running, served_folders: tuple[str, str]) -> None:
         tokens = 6 + i % (GREEDY_TOKENS - 5)
         if i % 10 == 9:
             body, status, reason = BAD[(i // 10) % len(BAD)]
-            reply = (http.post("/v1/completions", content=body) if isinstance(body, bytes)
+            reply = (http.post("/v1/completions", content=body, headers={"Content-Type": "application/json"})
+                     if isinstance(body, bytes)
                      else http.post("/v1/completions", json={"model": running.name, **body}))
             assert reply.status_code == status, (i, reply.text[:200])
             assert reply.json()["error"]["message"]

@@ -47,6 +47,15 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="requests that may wait while others decode; more get 503 with Retry-After (default 16)")
     s.add_argument("--max-body-bytes", type=int, default=8 << 20,
                    help="larger request bodies get 413 (default 8 MiB)")
+    s.add_argument("--allowed-origins", default=None, metavar="LIST",
+                   help="web origins whose pages may call the server, comma separated (e.g. "
+                        "http://localhost:3000; * allows every origin): they get CORS headers; a request from any "
+                        "other origin (it carries an Origin header) gets 403 (default: none; clients outside a "
+                        "browser send no Origin)")
+    s.add_argument("--allowed-hosts", default=None, metavar="LIST",
+                   help="Host names the server answers besides its own, comma separated (* for any): a server on "
+                        "loopback answers only localhost, 127.0.0.1 and [::1] by default (against DNS rebinding); "
+                        "given, the check holds on any address")
     s.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
                    help="uvicorn's log level (debug also logs every request)")
     s.set_defaults(func=cmd_serve)
@@ -90,6 +99,16 @@ def host_warning(host: str, key: str | None) -> str | None:
             f"the model; pass --api-key KEY or set {API_KEY_ENV}")
 
 
+def sites_of(args: argparse.Namespace):
+    """The origins and Host names the server answers (serve.security.Sites), from the flags."""
+    from ..serve.security import Sites, parse_hosts, parse_origins
+
+    try:
+        return Sites(parse_origins(args.allowed_origins), parse_hosts(args.allowed_hosts), args.host)
+    except ValueError as e:
+        raise SpecdecError(str(e)) from None
+
+
 def server_key(args: argparse.Namespace) -> str | None:
     return args.api_key or os.environ.get(API_KEY_ENV) or None
 
@@ -129,5 +148,5 @@ def build_server(args: argparse.Namespace):
     worker = DecodeWorker(load, ServerMetrics(name), name, defaults, args.max_queue,
                           limits=Limits(args.max_sequences, args.kv_tokens,
                                         ROUND_ROWS if args.round_rows is None else args.round_rows))
-    settings = Settings(api_key=server_key(args), max_body_bytes=args.max_body_bytes)
+    settings = Settings(api_key=server_key(args), max_body_bytes=args.max_body_bytes, sites=sites_of(args))
     return build(worker, settings, args.host, args.port, args.log_level), worker

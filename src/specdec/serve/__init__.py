@@ -1,8 +1,10 @@
 """`specdec serve`: an OpenAI-compatible HTTP server that decodes speculatively.
 
 - errors: OpenAI-style error bodies ({"error": {message, type, param, code}}) and their statuses;
+- body: a POST's body read as JSON (application/json only, size and nesting bounded);
 - request: a request's JSON checked and read into a Generation (what the worker runs), every bad
-  field a 4xx error that says what to send instead;
+  field a 4xx error that says what to send instead (fields: one field's typed, bounded read);
+- security: the web origins (CORS) and Host names the server answers;
 - text: committed tokens -> text, incrementally, with stop strings (held back while they may
   still complete);
 - worker: the one thread that owns the models and decodes the running requests together, round

@@ -2,30 +2,36 @@
 
 POST /v1/completions and /v1/chat/completions (streamed as server-sent events or not), GET
 /v1/models, /health (503 while the model loads) and /metrics (Prometheus). With an API key every
-route but /health needs `Authorization: Bearer KEY`. Whatever a client sends, the reply is JSON
-(an error body with a 4xx status where the request is at fault) and the server goes on.
+route but /health needs `Authorization: Bearer KEY`. Requests from web pages are refused unless
+their origin is allowed (serve.security). Whatever a client sends, the reply is JSON (an error
+body with a 4xx status where the request is at fault) and the server goes on; a fault of the
+server's own is a 500 whose body names an id the log carries, never the exception's text.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hmac
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from .errors import ApiError, invalid
+from .body import read_json
+from .errors import ApiError, internal
 from .job import Failed, Finished, Job, Tokens
 from .metrics import CONTENT_TYPE
 from .request import CHAT, COMPLETIONS, read_request
 from .respond import Reply
+from .security import SiteGuard, Sites
 from .worker import DecodeWorker
 
 OPEN_PATHS = ("/health",)  # answered without the API key
@@ -35,6 +41,7 @@ OPEN_PATHS = ("/health",)  # answered without the API key
 class Settings:
     api_key: str | None = None
     max_body_bytes: int = 8 << 20
+    sites: Sites = field(default_factory=Sites)  # the web origins and Host names answered
 
 
 def create_app(worker: DecodeWorker, settings: Settings) -> Starlette:
@@ -46,7 +53,7 @@ def create_app(worker: DecodeWorker, settings: Settings) -> Starlette:
 
     async def _complete(request: Request, api: str) -> Response:
         try:
-            body = await _read_json(request, settings.max_body_bytes)
+            body = await read_json(request, settings.max_body_bytes)
         except ApiError as error:  # counted as every refusal is, so /metrics accounts for each request
             worker.metrics.reject("too_large" if error.status == 413 else "invalid")
             raise
@@ -86,17 +93,16 @@ def create_app(worker: DecodeWorker, settings: Settings) -> Starlette:
         return Response(worker.metrics.text(), media_type=CONTENT_TYPE)
 
     async def on_api_error(request: Request, error: ApiError) -> Response:
-        return _error_response(error)
+        return error.response()
 
     async def on_http_error(request: Request, error: HTTPException) -> Response:
         message = {404: f"no such route: {request.url.path} (POST /v1/completions, /v1/chat/completions; GET "
                         "/v1/models, /health, /metrics)",
                    405: f"{request.method} is not allowed on {request.url.path}"}.get(error.status_code, error.detail)
-        return _error_response(ApiError(error.status_code, message, code="not_found" if error.status_code == 404
-                                        else None))
+        return ApiError(error.status_code, message, code="not_found" if error.status_code == 404 else None).response()
 
-    async def on_crash(request: Request, error: Exception) -> Response:
-        return _error_response(ApiError(500, f"internal error: {type(error).__name__}: {error}", code="internal"))
+    async def on_crash(request: Request, error: Exception) -> Response:  # a middleware's fault: the last resort
+        return internal(error).response()
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette):
@@ -105,17 +111,38 @@ def create_app(worker: DecodeWorker, settings: Settings) -> Starlette:
         await run_in_threadpool(worker.join, 30.0)
 
     routes = [
-        Route("/v1/completions", completions, methods=["POST"]),
-        Route("/v1/chat/completions", chat, methods=["POST"]),
-        Route("/v1/models", models, methods=["GET"]),
-        Route("/health", health, methods=["GET"]),
-        Route("/metrics", metrics, methods=["GET"]),
+        Route("/v1/completions", _guarded(completions), methods=["POST"]),
+        Route("/v1/chat/completions", _guarded(chat), methods=["POST"]),
+        Route("/v1/models", _guarded(models), methods=["GET"]),
+        Route("/health", _guarded(health), methods=["GET"]),
+        Route("/metrics", _guarded(metrics), methods=["GET"]),
     ]
     app = Starlette(routes=routes, lifespan=lifespan,
                     exception_handlers={ApiError: on_api_error, HTTPException: on_http_error, Exception: on_crash})
     if settings.api_key:
         app.add_middleware(ApiKey, key=settings.api_key, metrics=worker.metrics)
+    # The last added runs first: the Origin and Host check, then CORS (preflights carry no API key).
+    if settings.sites.origins:
+        app.add_middleware(CORSMiddleware, allow_origins=list(settings.sites.origins), allow_methods=["GET", "POST"],
+                           allow_headers=["*"], max_age=600)
+    app.add_middleware(SiteGuard, sites=settings.sites, metrics=worker.metrics)
     return app
+
+
+def _guarded(endpoint):
+    """The route with its own faults answered as a 500 that names an id (errors.internal), so the
+    body holds no exception text; ApiErrors and Starlette's HTTP errors pass as they are."""
+
+    @functools.wraps(endpoint)
+    async def guarded(request: Request) -> Response:
+        try:
+            return await endpoint(request)
+        except (ApiError, HTTPException):
+            raise
+        except Exception as e:  # noqa: BLE001 - answered, logged with its id
+            raise internal(e) from None
+
+    return guarded
 
 
 class ApiKey:
@@ -135,33 +162,7 @@ class ApiKey:
         error = ApiError(401, "missing or wrong API key: send the header Authorization: Bearer KEY with the key the "
                               "server was started with (--api-key or SPECDEC_API_KEY)", code="invalid_api_key",
                          headers={"WWW-Authenticate": "Bearer"})
-        await _error_response(error)(scope, receive, send)
-
-
-def _error_response(error: ApiError) -> JSONResponse:
-    return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
-
-
-async def _read_json(request: Request, limit: int) -> object:
-    """The body as JSON: over `limit` bytes 413, not JSON 400."""
-    declared = request.headers.get("content-length", "")
-    too_large = ApiError(413, f"the request body is over {limit} bytes: send a shorter prompt (the server's "
-                              "--max-body-bytes)", code="request_too_large")
-    if declared.isdigit() and int(declared) > limit:
-        raise too_large
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise too_large
-        chunks.append(chunk)
-    data = b"".join(chunks)
-    if not data.strip():
-        raise invalid("the request body is empty: send a JSON object", code="invalid_json")
-    try:
-        return json.loads(data)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise invalid(f"the request body is not valid JSON ({e}): send a JSON object", code="invalid_json") from None
+        await error.response()(scope, receive, send)
 
 
 async def _watch(request: Request, job: Job) -> None:

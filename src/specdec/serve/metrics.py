@@ -41,7 +41,8 @@ class ServerMetrics:
                                 "stop string), length, cancelled (client gone or server stopping), error",
                                 labels + ["outcome"], registry=r)
         self.rejected = Counter(f"{PREFIX}requests_rejected", "Requests refused before decoding, by reason: "
-                                "invalid (bad JSON or fields), unauthorized, too_large, queue_full, loading, "
+                                "invalid (bad JSON or fields), unauthorized, forbidden (a web origin or Host "
+                                "not allowed), too_large, queue_full, loading, "
                                 "unavailable (load failed, or stopping)", labels + ["reason"], registry=r)
         self.prompt_tokens = Counter(f"{PREFIX}prompt_tokens", "Prompt tokens prefilled", labels, registry=r)
         self.generation_tokens = Counter(f"{PREFIX}generation_tokens", "Tokens generated (returned to clients)",

@@ -1,5 +1,7 @@
-"""A request's JSON -> Generation, what the worker decodes; every field checked, a bad one a 4xx
-ApiError that names the field and says what to send instead.
+"""A request's JSON -> Generation, what the worker decodes; every field checked and bounded
+(serve.fields: integers within int64, numbers finite and in range, text valid Unicode), a bad
+one a 4xx ApiError that names the field and says what to send instead, so nothing a client sends
+can raise in the worker. A temperature below GREEDY_BELOW decodes greedily.
 
 Fields this server does not implement are refused when they would change the output (n > 1,
 penalties, logit_bias, echo, suffix, tools, a JSON response format), so a client never gets a
@@ -11,14 +13,19 @@ fields take the server's defaults (`specdec serve --temperature/--top-k/--top-p/
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 from .errors import ApiError, invalid
+from .fields import check_text, flag, integer, number
 
 COMPLETIONS, CHAT = "completions", "chat"
 MAX_LOGPROBS = 20  # alternatives per token, as vLLM's default limit
 MAX_STOPS = 16
+MAX_STOP_CHARS = 256  # each stop string's length: the text stream holds back up to this much per token
+MAX_TEMPERATURE = 100.0  # OpenAI's range ends at 2; far above, float32 logits / T only flattens further
+# Below this a temperature is greedy (vLLM's _SAMPLING_EPS): dividing logits by 1e-300 overflows
+# float32 to inf/NaN, and the draw then returns garbage.
+GREEDY_BELOW = 1e-5
 
 
 @dataclass(frozen=True)
@@ -102,13 +109,14 @@ def read_request(body: object, api: str, model: Model, encode_text, encode_chat)
     raises ApiError where the model cannot take the messages)."""
     if not isinstance(body, dict):
         raise invalid("the request body must be a JSON object", code="invalid_json")
+    check_text(body)
     _check_model(body.get("model"), model)
     for name, (off, why) in _REFUSED.items():
         if name in body and not off(body[name]) and not (api == CHAT and name in _COMPLETIONS_ONLY):
             raise invalid(why, name, "unsupported_parameter")
     if api == COMPLETIONS:
         prompt = _completion_prompt(body, model, encode_text)
-        logprobs = _int(body, "logprobs", 0, MAX_LOGPROBS)
+        logprobs = integer(body, "logprobs", 0, MAX_LOGPROBS)
     else:
         prompt = encode_chat(_messages(body))
         logprobs = _chat_logprobs(body)
@@ -116,15 +124,15 @@ def read_request(body: object, api: str, model: Model, encode_text, encode_chat)
         raise invalid("the prompt encodes to no tokens: send some text", "prompt" if api == COMPLETIONS else "messages",
                       "empty_prompt")
     max_tokens = _max_tokens(body, api, model, len(prompt))
-    stream = _bool(body, "stream", False)
+    stream = flag(body, "stream", False)
     options = body.get("stream_options")
     if options is not None and not isinstance(options, dict):
         raise invalid("stream_options must be an object such as {\"include_usage\": true}", "stream_options")
-    include_usage = bool(stream and options and _bool(options, "include_usage", False, "stream_options.include_usage"))
+    include_usage = bool(stream and options and flag(options, "include_usage", False, "stream_options.include_usage"))
     return Generation(
         api=api, prompt_ids=tuple(prompt), max_tokens=max_tokens, sampling=_sampling(body, model),
         stop=_stops(body), stream=stream, include_usage=include_usage, logprobs=logprobs,
-        ids_as_tokens=_bool(body, "return_tokens_as_token_ids", False), ignore_eos=_bool(body, "ignore_eos", False),
+        ids_as_tokens=flag(body, "return_tokens_as_token_ids", False), ignore_eos=flag(body, "ignore_eos", False),
     )
 
 
@@ -206,8 +214,8 @@ def _content(content: object, where: str, role: str) -> str:
 
 
 def _chat_logprobs(body: dict) -> int | None:
-    wanted = _bool(body, "logprobs", False)
-    top = _int(body, "top_logprobs", 0, MAX_LOGPROBS)
+    wanted = flag(body, "logprobs", False)
+    top = integer(body, "top_logprobs", 0, MAX_LOGPROBS)
     if top is not None and not wanted:
         raise invalid("top_logprobs needs logprobs: true", "top_logprobs")
     return (top or 0) if wanted else None
@@ -215,7 +223,7 @@ def _chat_logprobs(body: dict) -> int | None:
 
 def _max_tokens(body: dict, api: str, model: Model, prompt_tokens: int) -> int:
     name = "max_completion_tokens" if api == CHAT and body.get("max_completion_tokens") is not None else "max_tokens"
-    asked = _int(body, name, None, None)
+    asked = integer(body, name)
     context = model.context
     if context is not None and prompt_tokens >= context:
         raise invalid(f"the prompt has {prompt_tokens} tokens but the model's context is {context}: shorten it",
@@ -234,25 +242,26 @@ def _max_tokens(body: dict, api: str, model: Model, prompt_tokens: int) -> int:
 
 def _sampling(body: dict, model: Model) -> Sampling:
     d = model.defaults
-    temperature = _number(body, "temperature", d.temperature)
-    if temperature < 0:
-        raise invalid(f"temperature must be >= 0 (0 means greedy), got {temperature}", "temperature")
-    top_p = _number(body, "top_p", d.top_p)
-    if top_p is not None and not 0 < top_p <= 1:
-        raise invalid(f"top_p must be in (0, 1], got {top_p}", "top_p")
-    top_k = _int(body, "top_k", None, None)
+    temperature = number(body, "temperature", d.temperature, 0, MAX_TEMPERATURE,
+                         f">= 0 and <= {MAX_TEMPERATURE:g} (0 means greedy)")
+    if temperature < GREEDY_BELOW:
+        temperature = 0.0
+    top_p = number(body, "top_p", d.top_p, 0, 1, "in (0, 1]")
+    if top_p == 0:
+        raise invalid("top_p must be in (0, 1], got 0", "top_p")
+    top_k = integer(body, "top_k")
     if top_k is None:
         top_k = d.top_k
-    elif top_k in (0, -1):  # vLLM's and llama.cpp's spellings of "off"
+    elif top_k in (0, -1) or top_k >= model.vocab_size:  # vLLM's and llama.cpp's spellings of "off"; or all tokens
         top_k = None
     elif top_k < 1:
         raise invalid(f"top_k must be >= 1 (or 0 / -1: off), got {top_k}", "top_k")
-    min_p = _number(body, "min_p", d.min_p)
-    if min_p is not None and not 0 <= min_p < 1:
-        raise invalid(f"min_p must be in [0, 1) (0: off; 0.05 is llama.cpp's default), got {min_p}", "min_p")
+    min_p = number(body, "min_p", d.min_p, 0, 1, "in [0, 1) (0: off; 0.05 is llama.cpp's default)")
+    if min_p == 1:
+        raise invalid("min_p must be in [0, 1) (0: off; 0.05 is llama.cpp's default), got 1", "min_p")
     if min_p == 0:
         min_p = None
-    seed = _int(body, "seed", None, None)
+    seed = integer(body, "seed")
     return Sampling(temperature, top_k, None if top_p == 1 else top_p, min_p, d.seed if seed is None else seed)
 
 
@@ -265,35 +274,7 @@ def _stops(body: dict) -> tuple[str, ...]:
         raise invalid("stop must be a string or a list of strings", "stop")
     if len(stops) > MAX_STOPS:
         raise invalid(f"at most {MAX_STOPS} stop strings, got {len(stops)}", "stop")
+    longest = max((len(s) for s in stops), default=0)
+    if longest > MAX_STOP_CHARS:
+        raise invalid(f"a stop string may have at most {MAX_STOP_CHARS} characters, got one of {longest}", "stop")
     return tuple(s for s in stops if s)
-
-
-def _bool(body: dict, name: str, default: bool, param: str | None = None) -> bool:
-    value = body.get(name)
-    if value is None:
-        return default
-    if not isinstance(value, bool):
-        raise invalid(f"{param or name} must be true or false, got {value!r}", param or name)
-    return value
-
-
-def _number(body: dict, name: str, default):
-    value = body.get(name)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise invalid(f"{name} must be a number, got {value!r}", name)
-    return float(value)
-
-
-def _int(body: dict, name: str, low: int | None, high: int | None) -> int | None:
-    value = body.get(name)
-    if value is None:
-        return None
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise invalid(f"{name} must be an integer, got {value!r}", name)
-    if (low is not None and value < low) or (high is not None and value > high):
-        raise invalid(f"{name} must be between {low} and {high}, got {value}", name)
-    return value
