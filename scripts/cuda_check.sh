@@ -2,7 +2,7 @@
 # The checks that need a GPU, in one short run (at most ~8 minutes), for a session that is lent
 # one (the `device` tool): is specdec's forward block-invariant there, does a round read the
 # device once, and what does speculation do on the registry models' shapes. Writes everything
-# it prints to $OUT/cuda_check.log (the device tool's output folder), or to docs/cuda/ here.
+# it prints to $OUT/cuda_check.txt (the device tool's output folder), or to docs/cuda/ here.
 #
 #   bash scripts/cuda_check.sh            # on the GPU machine, from the repository root
 #
@@ -18,7 +18,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-docs/cuda}
 mkdir -p "$out"
-log="$out/cuda_check.log"
+log="$out/cuda_check.txt"  # .txt: docs/ keeps no .log files (tests/test_docs.py)
 export PYTHONPATH=src:/tmp/site PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
 {
