@@ -270,3 +270,63 @@ def test_a_vanishing_temperature_decodes_as_greedy(served):
     greedy = tokens(0)
     assert tokens(1e-300) == greedy and tokens(9e-6) == greedy
     assert len(greedy) == 16
+
+
+# --- the Origin and Host rules (serve.security), without a model --------------------------------
+
+
+def test_which_hosts_a_server_answers():
+    from specdec.serve.security import Sites
+
+    loopback = Sites(bound="127.0.0.1")
+    assert all(loopback.host_allowed(h) for h in ("localhost", "LocalHost:8080", "127.0.0.1:1", "127.9.9.9",
+                                                  "[::1]:8080", "a.localhost", "localhost."))
+    assert not any(loopback.host_allowed(h) for h in ("evil.example", "localhost.evil.example", "10.0.0.1", "[::2]"))
+    assert Sites(bound="::1").host_allowed("[::1]") and not Sites(bound="::1").host_allowed("evil.example")
+    assert Sites(bound="0.0.0.0").host_allowed("evil.example")  # beyond loopback, no check unless asked
+    listed = Sites(hosts=("api.example",), bound="0.0.0.0")
+    assert listed.host_allowed("API.example:8080") and listed.host_allowed("0.0.0.0:8080")
+    assert listed.host_allowed("localhost") and not listed.host_allowed("evil.example")
+    assert Sites(hosts=("*",), bound="127.0.0.1").host_allowed("evil.example")
+
+
+def test_the_flags_read_into_sites():
+    from specdec.cli import build_parser
+    from specdec.cli.serve import sites_of
+    from specdec.errors import SpecdecError
+    from specdec.serve.security import Sites
+
+    parse = lambda *flags: sites_of(build_parser().parse_args(["serve", *flags]))
+    assert parse() == Sites((), None, "127.0.0.1")
+    assert parse("--allowed-origins", "http://A.example:3000/, null,", "--allowed-hosts", "b.example:80, *",
+                 "--host", "0.0.0.0") == Sites(("http://a.example:3000", "null"), ("b.example", "*"), "0.0.0.0")
+    for bad in ("a.example", "http://a.example/path", "localhost:3000"):
+        with pytest.raises(SpecdecError, match="--allowed-origins takes origins such as"):
+            parse("--allowed-origins", bad)
+
+
+def test_the_guard_runs_before_the_routes_and_the_api_key():
+    """Starlette's test client names its Host "testserver": a loopback server refuses it unless
+    listed; an allowed origin's preflight is answered without the API key; with "*" every origin
+    gets CORS headers."""
+    from starlette.testclient import TestClient
+
+    from specdec.serve.app import Settings, create_app
+    from specdec.serve.metrics import ServerMetrics
+    from specdec.serve.request import Defaults
+    from specdec.serve.security import Sites
+    from specdec.serve.worker import DecodeWorker
+
+    worker = DecodeWorker(lambda: None, ServerMetrics("m"), "m", Defaults(), max_queue=2)  # not started
+    client = lambda sites, key=None: TestClient(create_app(worker, Settings(api_key=key, sites=sites)))
+    refused = client(Sites(bound="127.0.0.1")).get("/metrics")
+    assert refused.status_code == 403 and refused.json()["error"]["code"] == "host_not_allowed"
+    assert client(Sites(hosts=("testserver",), bound="127.0.0.1")).get("/metrics").status_code == 200
+    keyed = client(Sites(origins=(GOOD,)), key="sesame")
+    preflight = keyed.options("/v1/completions", headers={"Origin": GOOD, "Access-Control-Request-Method": "POST",
+                                                          "Access-Control-Request-Headers": "authorization"})
+    assert preflight.status_code == 200 and preflight.headers["access-control-allow-origin"] == GOOD
+    unauthorized = keyed.get("/metrics", headers={"Origin": GOOD})
+    assert unauthorized.status_code == 401 and unauthorized.headers["access-control-allow-origin"] == GOOD
+    anyone = client(Sites(origins=("*",))).get("/metrics", headers={"Origin": "http://any.example"})
+    assert anyone.status_code == 200 and anyone.headers["access-control-allow-origin"] == "*"
