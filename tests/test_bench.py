@@ -401,8 +401,9 @@ def test_resume_with_changed_config_is_refused(tiny_pair, dataset, tmp_path, cap
 def test_auto_method_runs_the_advised_method(tiny_pair, dataset, tmp_path, capsys):
     """`auto` is resolved once from the saved advice (or the device default), recorded in the
     configuration, and runs that method's proposer; its output is ar's."""
-    from specdec.cli import args as cli_args
     from specdec.cli import build_parser
+    from specdec.cli.args import spec_of
+    from specdec.load.choose import place
     from specdec.tune.advice import Advice, Choice
     from specdec.tune.saved import default_choice, save_advice
 
@@ -420,7 +421,7 @@ def test_auto_method_runs_the_advised_method(tiny_pair, dataset, tmp_path, capsy
 
     args = bench_args(tiny_pair, dataset, tmp_path / "advised", "--methods", "ar,auto")
     parsed = build_parser().parse_args(args)
-    save_advice(cli_args.setup_of(parsed, None),
+    save_advice(place(spec_of(parsed)).setup(None),
                 Advice(settings={"context": 512}, device="cpu", dtype="float32", c_target=0.3, verify={1: 0.3},
                        c_draft={}, calibration={}, proposers={}, choice=Choice("lookup:k=3:ngram=3", 1.2)))
     assert main(args) == 0

@@ -170,10 +170,14 @@ def test_ctrl_c_keeps_what_was_committed(target):
 
 def test_ctrl_c_in_the_cli_prints_stats(capsys, tiny_registry, monkeypatch):
     from specdec.cli import generate as command
+    from specdec.load.choose import Choices
+    from specdec.load.loaded import Loaded
     from specdec.methods.spec import parse
+    from specdec.models.target_form import TargetForm
 
-    monkeypatch.setattr(command, "load_proposer",
-                        lambda args, method: (*tiny_registry["tiny"], parse("lookup"), InterruptingLookup()))
+    form = TargetForm("none", "as --target-quant says")
+    monkeypatch.setattr(command, "load", lambda spec: Loaded(*tiny_registry["tiny"], InterruptingLookup(),
+                                                             Choices(spec, form, "hf", parse("lookup"))))
     code, out, err = run(capsys, *base_args(tiny_registry, "--max-new-tokens", "20"))
     assert code == 130 and "[specdec]" in err and "Traceback" not in err
 
@@ -194,10 +198,13 @@ def advice_choosing(method: str, speedup: float, measured: float | None = None):
 
 
 def setup_of(argv):
-    from specdec.cli import args, build_parser
+    """What the advice of a command line is keyed by."""
+    from specdec.cli import build_parser
+    from specdec.cli.args import spec_of
+    from specdec.load.choose import place
 
     parsed = build_parser().parse_args(argv)
-    return args.setup_of(parsed, parsed.draft_vocab)
+    return place(spec_of(parsed)).setup(parsed.draft_vocab)
 
 
 @pytest.mark.parametrize("path, default, k", [("avx512-vnni", "hybrid:k=3:quant=int4", 3),

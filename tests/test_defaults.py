@@ -201,23 +201,22 @@ def test_confirm_runs_each_method_paired_with_plain_decoding(target, monkeypatch
 
 
 def test_configs_record_the_runtime_the_target_runs_on(tmp_path):
-    """quant_record (configs, advice, generate --json) says where the target runs: the native
-    runtime for a registry model in int4 on the CPU under --runtime auto, transformers' model
-    for a folder, under --runtime hf, and for advise on random weights (transformers' models);
+    """The Choices record (configs, advice, generate --json) says where the target runs: the
+    native runtime for a registry model in int4 on the CPU under runtime auto, transformers' model
+    for a folder, under runtime hf (advise on random weights asks for it: transformers' models);
     saved advice is keyed by it, so advice measured on one runtime never picks for the other."""
-    from specdec.cli import build_parser
-    from specdec.cli.args import quant_record, setup_of
+    from dataclasses import replace
 
-    parse_args = lambda *extra: build_parser().parse_args(["generate", "--prompt", "x", *extra])
-    assert quant_record(parse_args("--target", TARGET, "--target-quant", "int4"))["runtime"] == "native"
-    assert quant_record(parse_args("--target", TARGET, "--target-quant", "int4", "--runtime", "hf"))["runtime"] == "hf"
-    assert quant_record(parse_args("--target", TARGET, "--target-quant", "int4"), runtime="hf")["runtime"] == "hf"
-    assert quant_record(parse_args("--target", TARGET, "--target-quant", "none"))["runtime"] == "hf"
-    assert quant_record(parse_args("--target", str(tmp_path), "--target-quant", "int4"))["runtime"] == "hf"
-    native, hf = (setup_of(parse_args("--target", TARGET, "--target-quant", "int4", "--runtime", r), None)
-                  for r in ("auto", "hf"))
+    from specdec.load import LoadSpec
+    from specdec.load.choose import place
+
+    int4 = LoadSpec(TARGET, target_quant="int4")
+    assert place(int4).record()["runtime"] == "native"
+    assert place(replace(int4, runtime="hf")).record()["runtime"] == "hf"
+    assert place(replace(int4, target_quant="none")).record()["runtime"] == "hf"
+    assert place(replace(int4, target=str(tmp_path))).record()["runtime"] == "hf"
+    native, hf = (place(replace(int4, runtime=r)).setup(None) for r in ("auto", "hf"))
     assert native.target.endswith(", native runtime") and native.target.removesuffix(", native runtime") == hf.target
-    assert setup_of(parse_args("--target", TARGET, "--target-quant", "int4"), None, runtime="hf") == hf
 
 
 def test_the_default_restricts_the_draft_head_only_where_the_vocabulary_is_larger(monkeypatch, tmp_path):
@@ -227,8 +226,8 @@ def test_the_default_restricts_the_draft_head_only_where_the_vocabulary_is_large
     draft_vocabulary reads a folder's config and fetches nothing for other names."""
     from transformers import Qwen2Config
 
-    from specdec.cli import build_parser
-    from specdec.cli.args import draft_vocabulary
+    from specdec.load import LoadSpec
+    from specdec.load.choose import draft_vocabulary
     from specdec.models import target_form
     from specdec.tune.saved import default_choice
 
@@ -238,9 +237,9 @@ def test_the_default_restricts_the_draft_head_only_where_the_vocabulary_is_large
     monkeypatch.setattr(target_form, "kernel_path", lambda device: "portable")
     assert default_choice("cpu", 151936).label == "draft:k=2:quant=int8"
     Qwen2Config(vocab_size=1000).save_pretrained(tmp_path)
-    parse_args = lambda draft: build_parser().parse_args(["generate", "--prompt", "x", "--draft", draft])
-    assert draft_vocabulary(parse_args(str(tmp_path))) == 1000
-    assert draft_vocabulary(parse_args("none")) is None and draft_vocabulary(parse_args("no/such-model")) is None
+    assert draft_vocabulary(LoadSpec(draft=str(tmp_path))) == 1000
+    assert draft_vocabulary(LoadSpec(draft="none")) is None
+    assert draft_vocabulary(LoadSpec(draft="no/such-model")) is None
 
 
 @pytest.mark.parametrize("flags, kind, default", [
@@ -272,13 +271,13 @@ def test_the_default_without_the_kernels_vector_path(monkeypatch, path, kind, de
     assert device_kind(device) == kind and default_choice(device, 151936, lambda quant: True).label == default
 
 
-@pytest.mark.parametrize("extra, runs", [((), True), (("--runtime", "hf"), False), (("--draft", "/some/folder"), False),
-                                         (("--runtime", "native", "--draft", "/some/folder"), False),
-                                         (("--device", "cuda"), False)])
-def test_auto_asks_whether_the_draft_runs_int3(extra, runs):
-    """The int3 default only where --draft runs on the native runtime; no model is read for it."""
-    from specdec.cli import build_parser
-    from specdec.cli.args import draft_runs
+@pytest.mark.parametrize("fields, runs", [({}, True), ({"runtime": "hf"}, False), ({"draft": "/some/folder"}, False),
+                                          ({"runtime": "native", "draft": "/some/folder"}, False),
+                                          ({"device": "cuda"}, False)])
+def test_auto_asks_whether_the_draft_runs_int3(fields, runs):
+    """The int3 default only where the draft runs on the native runtime; no model is read for it."""
+    from specdec.load import LoadSpec
+    from specdec.load.choose import draft_runs
 
-    args = build_parser().parse_args(["generate", "--prompt", "x", *extra])
-    assert draft_runs(args, "int3") is runs and draft_runs(args, "int4") and draft_runs(args, None)
+    spec = LoadSpec(**fields)
+    assert draft_runs(spec, "int3") is runs and draft_runs(spec, "int4") and draft_runs(spec, None)

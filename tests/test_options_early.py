@@ -15,7 +15,7 @@ def nothing_loads(monkeypatch):
     def refuse(*_args, **_kwargs):
         raise AssertionError("a model was loaded before the options were checked")
 
-    monkeypatch.setattr("specdec.cli.args.load_target", refuse)
+    monkeypatch.setattr("specdec.load.loaded.load_target", refuse)
 
 
 GENERATE = ["generate", "--target", "tiny", "--draft", "tiny-draft", "--raw", "--prompt", "w1 w2"]

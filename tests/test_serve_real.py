@@ -29,12 +29,10 @@ TOKENS = 32
 @pytest.fixture(scope="module")
 def server():
     from specdec.cli import build_parser
-    from specdec.cli.args import resolve_target_form
     from specdec.cli.serve import build_server
     from specdec.serve.server import bound_socket
 
     args = build_parser().parse_args(["serve", "--port", "0", "--log-level", "warning"])
-    resolve_target_form(args)
     uvicorn_server, worker = build_server(args)
     sock = bound_socket("127.0.0.1", 0)
     url = f"http://127.0.0.1:{sock.getsockname()[1]}"

@@ -23,13 +23,13 @@ import time
 import numpy as np
 
 from specdec.bench.endpoint import arrival_offsets
-from specdec.cli import build_parser
-from specdec.cli.args import load_proposer, method_of
 from specdec.decode.batch import Batch
 from specdec.decode.engine import generate
-from specdec.runtime.choose import runtime_of
 from specdec.decode.plan import Planner, measured_plan
 from specdec.decode.sequence import Options
+from specdec.load import LoadSpec
+from specdec.load.loaded import load
+from specdec.methods.spec import parse
 from specdec.prompts.chat import encode_messages
 from specdec.prompts.datasets import Selection, load_prompts
 
@@ -59,10 +59,8 @@ def main() -> None:
                         help="what runs each wave (plain is the base of the ratios)")
     args = parser.parse_args()
     variants = tuple(dict.fromkeys(["plain", *args.variants]))
-    serve = build_parser("serve").parse_args(["serve", "--target", "qwen2.5-coder-1.5b-instruct",
-                                              "--draft", "qwen2.5-coder-0.5b-instruct"])
-    target, tokenizer, _, drafter = load_proposer(serve, method_of(serve))
-    lm = runtime_of(target, preallocate=True)
+    loaded = load(LoadSpec("qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct", parse("auto")))
+    lm, tokenizer, drafter = loaded.lm(), loaded.tokenizer, loaded.proposer
     timed = measured_plan(lm, drafter)
     print(f"costs at start: {timed}", file=sys.stderr)
     plans = {v: Planner(timed.verify, timed.draft, timed.catch_up, timed.measured) for v in variants if v != "plain"}

@@ -22,9 +22,10 @@ import time
 from pathlib import Path
 
 from specdec import generate
-from specdec.cli import build_parser
-from specdec.cli.args import load_proposer, method_of, resolve_target_form
 from specdec.decode.plan import measured_plan
+from specdec.load import LoadSpec
+from specdec.load.loaded import load
+from specdec.methods.spec import parse
 from specdec.prompts.chat import encode_prompt
 
 PROMPTS = Path(__file__).resolve().parents[2] / "src/specdec/data/spec_bench_question.jsonl"
@@ -44,9 +45,8 @@ def main() -> None:
     ap.add_argument("--clients", default="1,2,4,8")
     ap.add_argument("--proposer", default="auto")
     a = ap.parse_args()
-    args = build_parser().parse_args(["generate", "--prompt", "x", "--proposer", a.proposer])
-    resolve_target_form(args)
-    target, tokenizer, runs, drafter = load_proposer(args, method_of(args))
+    loaded = load(LoadSpec(method=parse(a.proposer)))  # the default pair, as `specdec generate` loads it
+    target, tokenizer, runs, drafter = loaded.target, loaded.tokenizer, loaded.method, loaded.proposer
     plan = measured_plan(target, drafter)
     clients = [int(c) for c in a.clients.split(",")]
     every = prompts(tokenizer, max(clients))

@@ -1,7 +1,7 @@
 """Sampling against greedy decoding, the same method, the same prompts (issue 33's goal: sampling
 at temperature 0.8 with top_p 0.95, and llama.cpp's chain, within 10% of greedy's tokens/s).
 
-Loads the pair once as `specdec generate` does (load_proposer: `--proposer auto` resolved, the
+Loads the pair once as `specdec generate` does (specdec.load: `--proposer auto` resolved, the
 registry's default pair, int4 on the native runtime where it runs) and decodes every prompt with
 every (method, sampling) cell, in an order that rotates from prompt to prompt, so that each
 sampling run has its greedy run of the same prompt and method beside it in time. One warm-up
@@ -27,6 +27,9 @@ import sys
 import time
 from pathlib import Path
 
+from specdec.cli.args import spec_of
+from specdec.cli.flags import add_model_args
+
 SETTINGS = {
     "greedy": {"temperature": 0.0},
     "T0.8 top_p 0.95": {"temperature": 0.8, "top_p": 0.95},
@@ -50,22 +53,17 @@ def main() -> int:
                     help="passes over all prompts (each cell's figure: the fastest of its runs, the one other "
                          "jobs on the machine disturbed least; the median of runs is in summary.json too)")
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("generate_args", nargs="*", help="after --: more `specdec generate` options (e.g. --target)")
+    add_model_args(ap)  # --target, --draft and how they load, as `specdec generate` takes them
     opts = ap.parse_args()
 
     import torch
 
-    from specdec.cli import build_parser
-    from specdec.cli.args import (
-        load_drafts,
-        load_proposer,
-        method_of,
-        resolve,
-        resolve_target_form,
-    )
     from specdec.decode.engine import generate
-    from specdec.runtime.choose import runtime_of
+    from specdec.load.choose import choose
+    from specdec.load.loaded import load
+    from specdec.load.models import load_drafts
     from specdec.methods.build import build_proposer
+    from specdec.methods.spec import parse
     from specdec.prompts.chat import encode_prompt
     from specdec.prompts.datasets import Selection, load_prompts
 
@@ -77,14 +75,14 @@ def main() -> int:
     target = tokenizer = lm = None
     specs = opts.methods.split(",")
     for spec in sorted(specs, key=lambda s: s in ("ar", "none")):  # drafting methods first
-        args = build_parser().parse_args(["generate", "--prompt", "x", "--proposer", spec, *opts.generate_args])
-        resolve_target_form(args)
+        what = spec_of(opts, parse(spec))
         if target is None:
-            target, tokenizer, method, drafter = load_proposer(args, method_of(args))
-            lm = runtime_of(target, preallocate=not method.cat)
+            first = load(what)
+            target, tokenizer, method, drafter, lm = (first.target, first.tokenizer, first.method, first.proposer,
+                                                      first.lm())
         else:  # the same target: only the proposer is built beside it
-            method, _ = resolve(args, method_of(args))
-            drafter = build_proposer(method, load_drafts(args, target, tokenizer, [method]), None)
+            method = choose(what).method
+            drafter = build_proposer(method, load_drafts(what, target, tokenizer, [method]), None)
         loaded[spec] = (drafter, method.label)
     loaded = {spec: loaded[spec] for spec in specs}
     cells = [(spec, name) for spec in loaded for name in settings]

@@ -1,8 +1,8 @@
 """Command line: specdec generate | serve | check | bench | report | advise | sweep | perplexity.
 
 One module per command (each registers its parser; models and torch load only when a command
-runs); the arguments they share, and how those become method specs and loaded models, are in
-args.py.
+runs); the arguments they share, and how those become method specs and one LoadSpec
+(specdec.load), are in args.py.
 """
 
 from __future__ import annotations
@@ -52,10 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     command = _command_of(argv)
     args = build_parser(command if command in COMMANDS else "").parse_args(argv)
-    from .args import resolve_target_form
-
     try:
-        resolve_target_form(args)
         return args.func(args)
     except SpecdecError as e:
         print(f"specdec: error: {e}", file=sys.stderr)

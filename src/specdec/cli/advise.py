@@ -11,14 +11,10 @@ from ..errors import SpecdecError
 from ..tune.advice import Advice
 from ..tune.advise import AdviseSettings
 from ..tune.export import ENGINES
-from .args import (
-    draft_flags,
-    load_drafts,
-    load_target,
-    quant_record,
-    say_target_form,
-    setup_of,
-)
+from ..load.choose import Choices, choose
+from ..load.loaded import to_stderr
+from ..load.models import load_drafts, load_target
+from .args import draft_flags, spec_of
 from .flags import add_model_args
 from .options import add_settings, at_least_one, options, settings_of
 
@@ -82,21 +78,25 @@ def cmd_advise(args: argparse.Namespace) -> int:
     flags = {option: value for option, (_, value) in draft_flags(args).items()}
     if args.draft == "none" and (flags["quant"] or flags["vocab"]):
         raise SpecdecError("--draft-quant and --draft-vocab apply to a draft: not with --draft none")
+    if args.random_weights and flags["vocab"]:
+        raise SpecdecError("--draft-vocab counts token frequencies with the tokenizer: not with --random-weights")
     saved = Advice.load(args.acceptance) if args.acceptance else None
     categories = tuple(c for c in args.categories.split(",") if c) or None
     prompts, _ = load_prompts(args.dataset, Selection(categories, 1 if categories else None, args.prompts))
     has_draft = args.draft != "none"
-    measured_on = "hf" if args.random_weights else None  # random weights: transformers' models (_load_random)
+    spec = spec_of(args)
+    # on the runtime generate would run (--runtime): its costs are the ones the advice is for;
+    # random weights run on transformers' models (_load_random)
+    choices = choose(replace(spec, runtime="hf") if args.random_weights else spec)
     if args.random_weights:
         families = candidates(has_draft, args.device, flags["quant"], flags["vocab"], quick=args.quick)
-        target, drafts, tokenizer = _load_random(args)
+        target, drafts, tokenizer = _load_random(choices)
     else:
-        # on the runtime generate would run (--runtime): its costs are the ones the advice is for
-        target, tokenizer = load_target(args)
-        native = has_draft and use_native(args.runtime, args.draft, "int4", args.device)
+        target, tokenizer = load_target(choices, to_stderr)
+        native = has_draft and use_native(spec.runtime, spec.draft, "int4", spec.device)
         families = candidates(has_draft, args.device, flags["quant"], flags["vocab"], scored_width(target), args.quick,
                               native)
-        drafts = load_drafts(args, target, tokenizer, families)
+        drafts = load_drafts(spec, target, tokenizer, families)
     if tokenizer is None:  # only plain decoding's bookkeeping is timed on these: any ids do
         gen = torch.Generator().manual_seed(0)
         encoded = [torch.randint(scored_width(target), (32,), generator=gen).tolist() for _ in prompts]
@@ -111,11 +111,11 @@ def cmd_advise(args: argparse.Namespace) -> int:
         llamacpp=_versus_llamacpp(args, advice, encoded, settings.tokens, say),
         calibration_prompts=[p.id for p in prompts] if saved is None else f"from {args.acceptance}",
         environment=environment(args.device, resolve_dtype(args.dtype, args.device), [f.label for f in families],
-                                quant_record(args, runtime=measured_on)),
+                                choices.record()),
     )
     if not args.export:
         print(json.dumps(advice.to_json(), indent=1) if args.json else render(advice))
-    path = save_advice(setup_of(args, flags["vocab"], runtime=measured_on), advice)
+    path = save_advice(choices.setup(flags["vocab"]), advice)
     print(f"[advise] saved for `specdec generate --proposer auto`: {path}", file=sys.stderr)
     return _print_export(advice, args) if args.export else 0
 
@@ -153,20 +153,17 @@ def _versus_llamacpp(args: argparse.Namespace, advice: Advice, prompts: list[lis
     return against_llamacpp(time_llamacpp(args.target, prompts, tokens, say), advice.plain_tokens_per_s, advice.choice)
 
 
-def _load_random(args: argparse.Namespace):
+def _load_random(choices: Choices):
     """Random-weight models of the target's and the draft's shapes, and no tokenizer."""
     from ..methods.build import Drafts
     from ..models.load import random_model
-
-    if args.draft_vocab:
-        raise SpecdecError("--draft-vocab counts token frequencies with the tokenizer: not with --random-weights")
     from ..models.quant_cache import quantize_model
     from ..models.quant_options import check_options
 
+    spec, quant = choices.spec, choices.form.quant
     # Rounded, not from the GGUF: a random model's costs do not depend on the weights' values.
-    say_target_form(args)
-    check_options(args.target_quant, args.quant_group, args.device)
-    target = quantize_model(random_model(args.target, args.dtype, args.device), None, args.target_quant,
-                            args.quant_group)
-    draft = None if args.draft == "none" else random_model(args.draft, args.dtype, args.device)
-    return target, Drafts(draft, group=args.quant_group), None
+    to_stderr(choices.form.line(spec.target))
+    check_options(quant, spec.quant_group, spec.device)
+    target = quantize_model(random_model(spec.target, spec.dtype, spec.device), None, quant, spec.quant_group)
+    draft = None if spec.draft == "none" else random_model(spec.draft, spec.dtype, spec.device)
+    return target, Drafts(draft, group=spec.quant_group), None

@@ -11,14 +11,11 @@ from pathlib import Path
 from ..errors import SpecdecError
 from ..methods.kinds import KINDS
 from ..methods.spec import Method
-from .args import (
-    draft_flags,
-    load_drafts,
-    load_target,
-    pay_advice,
-    quant_record,
-    resolve,
-)
+from ..load.choose import choose, pay_advice
+from ..load.loaded import to_stderr
+from ..load.models import load_drafts, load_target
+from ..load.spec import PLAIN
+from .args import draft_flags, spec_of
 from .flags import add_model_args, add_sampling_args
 from .bench_endpoints import bench_endpoints, finished_methods, keep_server_logs, served_endpoints
 from .options import at_least_one
@@ -140,10 +137,11 @@ def _bench(args: argparse.Namespace, start_servers, accepted: list) -> int:
     memory = PeakMemory(torch.device(args.device))
     # `auto` is resolved once, before anything runs; the choice is part of the configuration.
     auto_method = next((m for m in methods if m.kind == "auto"), None)
-    auto, why = resolve(args, auto_method) if auto_method else (None, None)
-    config = bench_config(args, methods, prompts, path, memory.kind, auto)
+    choices = choose(spec_of(args, auto_method or PLAIN, args.pay_rule))
+    auto = choices.method if auto_method else None
+    config = bench_config(args, methods, prompts, path, memory.kind, choices.record(), auto)
     if auto:
-        config["auto"] = {"runs": auto.label, "why": why}
+        config["auto"] = {"runs": auto.label, "why": choices.auto_line}
     if args.client != "httpx" and not endpoints:
         raise SpecdecError("--client applies to endpoints: add --endpoint NAME=URL or --serve NAME=OPTIONS")
     remote = EndpointExecutor(endpoints, EndpointSettings(args.max_new_tokens, args.endpoint_timeout, client=args.client,
@@ -161,12 +159,13 @@ def _bench(args: argparse.Namespace, start_servers, accepted: list) -> int:
     check_out_dir(out, config, args.resume)
     accepted.append(out)
 
-    advice = pay_advice(args, auto_method, auto)
+    advice = pay_advice(choices)
     local_todo = [m for m in local if m.label not in finished]  # a resumed run loads no model it will not run
-    target, tokenizer = load_target(args) if local_todo else (None, load_tokenizer(args.target, args.trust_remote_code))
+    target, tokenizer = (load_target(choices, to_stderr) if local_todo
+                         else (None, load_tokenizer(args.target, args.trust_remote_code)))
     executor = None
     if local_todo:
-        drafts = load_drafts(args, target, tokenizer, _resolved(local, auto))
+        drafts = load_drafts(choices.spec, target, tokenizer, _resolved(local, auto))
         settings = RunSettings(args.max_new_tokens, sampling, args.seed, eos_of(target))
         executor = Executor(target, drafts, settings, memory, auto, advice, target_name=args.target)
         executor.prepare(local)
@@ -211,9 +210,10 @@ def _resolved(methods: list[Method], auto: Method | None) -> list[Method]:
 
 
 def bench_config(args: argparse.Namespace, methods: list[Method], prompts, dataset_file: Path, memory_kind: str,
-                 auto: Method | None = None) -> dict:
-    """Everything that makes two runs' rows comparable; --resume refuses a folder whose config
-    differs (but for when it started: store.VOLATILE)."""
+                 quant: dict, auto: Method | None = None) -> dict:
+    """Everything that makes two runs' rows comparable (`quant`: the target's form and runtime,
+    specdec.load.choose.Choices.record); --resume refuses a folder whose config differs (but for
+    when it started: store.VOLATILE)."""
     from ..bench.execute import WARMUP_TOKENS
     from ..machine import KINDS, environment
     from ..models.load import resolve_dtype
@@ -238,7 +238,7 @@ def bench_config(args: argparse.Namespace, methods: list[Method], prompts, datas
         "repeats": args.repeats,
         "warmup_tokens": min(WARMUP_TOKENS, args.max_new_tokens),
         "memory": {"kind": memory_kind, "meaning": KINDS[memory_kind]},
-        "environment": environment(args.device, dtype, labels + ([auto.label] if auto else []), quant_record(args)),
+        "environment": environment(args.device, dtype, labels + ([auto.label] if auto else []), quant),
     }
 
 

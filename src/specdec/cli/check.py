@@ -9,9 +9,10 @@ import time
 
 from ..conform.check import CheckPlan
 from ..errors import SpecdecError
-from .args import load_proposer, method_of, quant_record
+from ..load.loaded import load
+from .args import method_of, spec_of
 from .flags import add_method_args, add_model_args
-from .options import add_settings, check_draft_form, check_target_options, positive_settings, settings_of
+from .options import add_settings, positive_settings, settings_of
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -52,19 +53,18 @@ def cmd_check(args: argparse.Namespace) -> int:
         raise SpecdecError(f"check runs specdec's proposers on the preallocated cache: not {method.label}")
     positive_settings(args, check.CheckPlan)
     plan = settings_of(args, check.CheckPlan)
-    check_target_options(args)  # before a model loads: a bad value is the only line printed
-    check_draft_form(args, method)
-    target, tokenizer, _, drafter = load_proposer(args, method)
+    loaded = load(spec_of(args, method, args.pay_rule))  # a bad option is the only line printed
+    target, tokenizer, drafter = loaded.target, loaded.tokenizer, loaded.proposer
     if drafter is None:
         raise SpecdecError("auto chose plain decoding for this setup: nothing to check; use --proposer draft or lookup")
     raw = lambda text: tokenizer(text)["input_ids"]
     start = time.perf_counter()
     # transformers' generate is a reference only for transformers' own dense model: a quantized
     # target runs specdec's layers (or specdec's native runtime), so its reference is its own plain decoding.
-    dense = isinstance(target, PreTrainedModel) and args.target_quant == "none"
+    dense = isinstance(target, PreTrainedModel) and loaded.choices.form.quant == "none"
     why_not = ("it runs transformers' own model; --runtime hf compares it" if not isinstance(target, PreTrainedModel)
                else "it does not run this quantized model by itself")
-    print(f"[check] the reference is the {quant_record(args)['target']} target's own plain decoding"
+    print(f"[check] the reference is the {loaded.choices.record()['target']} target's own plain decoding"
           + (", and transformers' generate on the same dense model" if dense else
              f"; transformers' generate is not compared ({why_not})"),
           file=sys.stderr)

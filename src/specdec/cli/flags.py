@@ -1,11 +1,12 @@
 """The flags every command that loads models shares: the target, the draft and how to load them,
---proposer and the flags that fold into its spec (cli.args turns them into methods), and the
-sampling settings."""
+--proposer and the flags that fold into its spec (cli.args turns them into methods and a
+specdec.load.LoadSpec), and the sampling settings."""
 
 from __future__ import annotations
 
 import argparse
 
+from ..load.spec import DTYPE_NAMES
 from ..methods.kinds import KINDS
 from ..quant import DRAFT_MODES
 from ..runtime.choose import RUNTIMES
@@ -40,7 +41,7 @@ def add_model_args(p: argparse.ArgumentParser, draft_help: str = "draft model of
     p.add_argument("--draft-vocab", type=int, default=None, metavar="N",
                    help="vocab=N for every draft method: the draft scores only the N most frequent token ids "
                         "(e.g. 32768), a cheaper draft step, still lossless")
-    p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"],  # models.load.DTYPES
+    p.add_argument("--dtype", default="auto", choices=DTYPE_NAMES,
                    help="auto: bfloat16 where the hardware has it natively, else float32")
     p.add_argument("--device", default="cpu")
     p.add_argument("--runtime", default="auto", choices=RUNTIMES,

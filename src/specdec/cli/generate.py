@@ -8,9 +8,10 @@ import sys
 from pathlib import Path
 
 from ..errors import SpecdecError
-from .args import load_proposer, method_of, quant_record
+from ..load.loaded import load
+from .args import method_of, spec_of
 from .flags import add_method_args, add_model_args, add_sampling_args
-from .options import at_least_one, check_draft_form, check_sampling, check_target_options
+from .options import at_least_one, check_sampling
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -30,31 +31,27 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def cmd_generate(args: argparse.Namespace) -> int:
     from ..decode.engine import GenerationInterrupted, generate
-    from ..runtime.choose import runtime_of
     from ..prompts.chat import encode_prompt, require_text
     from .stream import Streamer
 
     text = require_text(_prompt_text(args))
     at_least_one(args, "max_new_tokens")
     check_sampling(args)  # every option before a model loads: a bad value is the only line printed
-    check_target_options(args)
-    asked = method_of(args)
-    check_draft_form(args, asked)
-    target, tokenizer, method, drafter = load_proposer(args, asked)
+    loaded = load(spec_of(args, method_of(args), args.pay_rule))
+    tokenizer = loaded.tokenizer
     prompt = encode_prompt(tokenizer, text, raw=args.raw)
     streamer = None if args.json else Streamer(tokenizer, color=_use_color(args.color))
     code = 0
     try:
         result = generate(
-            runtime_of(target, preallocate=not method.cat), prompt, drafter=drafter,
+            loaded.lm(), prompt, drafter=loaded.proposer,
             max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
             min_p=args.min_p,
             seed=args.seed, on_commit=streamer.on_commit if streamer else None,
         )
     except GenerationInterrupted as interrupt:  # Ctrl-C: still show what was committed
         result, code = interrupt.result, 130
-    ran = {"method": method.label, "why": getattr(args, "method_reason", "as --proposer says"),
-           "target": quant_record(args)}
+    ran = {"method": loaded.method.label, "why": loaded.choices.why, "target": loaded.choices.record()}
     if args.json:
         print(json.dumps(_json_result(tokenizer, result) | {"ran": ran}))
     else:

@@ -50,14 +50,6 @@ def check_sampling(args: argparse.Namespace) -> None:
     SamplingConfig(args.temperature, args.top_k, args.top_p, args.min_p)  # validates them
 
 
-def check_target_options(args: argparse.Namespace) -> None:
-    """--target-quant (resolved), --quant-group and --device checked for the target before it
-    loads (the loader checks them again, after the lines that say what loads)."""
-    from ..models.quant_options import check_options
-
-    check_options(args.target_quant, args.quant_group, args.device, args.target)
-
-
 def positive_settings(args: argparse.Namespace, settings: type) -> None:
     """Every integer option of a settings dataclass must be >= 1, named by its flag."""
     for f in dataclasses.fields(settings):
@@ -66,16 +58,3 @@ def positive_settings(args: argparse.Namespace, settings: type) -> None:
             if value < 1:
                 flag = f.metadata.get("flag") or f"--{f.name.replace('_', '-')}"
                 raise SpecdecError(f"{flag} must be >= 1, got {value}")
-
-
-def check_draft_form(args: argparse.Namespace, method) -> None:
-    """A draft form only specdec's native runtime runs (int3), asked where the draft would run on
-    transformers' model (--runtime hf, a GPU, a folder): the loader's error, before the target loads."""
-    from ..models.quant_options import check_options
-    from ..quant import NATIVE_ONLY
-    from ..runtime.choose import use_native
-
-    drafts = method.uses_draft or method.kind == "auto"  # auto passes its quant= to what it resolves to
-    if (drafts and not method.is_hf and method.quant in NATIVE_ONLY
-            and not use_native(args.runtime, args.draft, method.quant, args.device)):
-        check_options(method.quant, args.quant_group, args.device, args.draft)  # raises

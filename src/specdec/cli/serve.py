@@ -115,16 +115,16 @@ def server_key(args: argparse.Namespace) -> str | None:
 
 def build_server(args: argparse.Namespace):
     """The uvicorn server and the decode worker (not started) for these arguments. The models load
-    in the worker through load_proposer, as `specdec generate` loads them."""
-    from ..runtime.choose import runtime_of
+    in the worker through specdec.load, as `specdec generate` loads them."""
     from ..decode.plan import measured_plan
     from ..decode.sampling import SamplingConfig
+    from ..load.loaded import load as load_models
     from ..serve.app import Settings
     from ..serve.metrics import ServerMetrics
     from ..serve.request import Defaults
     from ..serve.server import build
     from ..serve.worker import ROUND_ROWS, DecodeWorker, Limits, Loaded
-    from .args import load_proposer, method_of
+    from .args import method_of, spec_of
 
     at_least_one(args, "max_new_tokens", "max_queue", "max_body_bytes", "max_sequences", "kv_tokens")
     if args.round_rows is not None and args.round_rows < 0:
@@ -132,18 +132,18 @@ def build_server(args: argparse.Namespace):
     if not 0 <= args.port <= 65535:
         raise SpecdecError(f"--port must be in 0..65535, got {args.port}")
     SamplingConfig(args.temperature, args.top_k, args.top_p)  # the defaults' one-line errors, before loading
-    method = method_of(args)
+    spec = spec_of(args, method_of(args), args.pay_rule)
     defaults = Defaults(max_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                         top_p=args.top_p, min_p=getattr(args, "min_p", None) or None, seed=args.seed)
     name = args.served_model_name or args.target
 
     def load() -> Loaded:
-        target, tokenizer, runs, drafter = load_proposer(args, method)  # runs: `auto` resolved
-        lm = runtime_of(target, preallocate=not runs.cat)
+        models = load_models(spec)  # `auto` resolved
+        lm, drafter = models.lm(), models.proposer
         plan = None if args.no_plan or drafter is None else measured_plan(lm, drafter)
         if plan is not None:  # what the plan's choices under load follow: worth seeing when they surprise
             print(f"[specdec] costs timed for the batch plan: {plan}", file=sys.stderr, flush=True)
-        return Loaded(lm, tokenizer, drafter, runs.label, plan)
+        return Loaded(lm, models.tokenizer, drafter, models.method.label, plan)
 
     worker = DecodeWorker(load, ServerMetrics(name), name, defaults, args.max_queue,
                           limits=Limits(args.max_sequences, args.kv_tokens,

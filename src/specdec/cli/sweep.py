@@ -8,7 +8,10 @@ from pathlib import Path
 
 from ..errors import SpecdecError
 from ..tune.sweep import SweepSettings
-from .args import draft_flags, load_drafts, load_target, quant_record
+from ..load.choose import choose
+from ..load.loaded import to_stderr
+from ..load.models import load_drafts, load_target
+from .args import draft_flags, spec_of
 from .flags import add_model_args
 from .options import add_settings, at_least_one, ints, options, settings_of
 
@@ -53,18 +56,19 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     out = Path(args.out)
     dtype = resolve_dtype(args.dtype, args.device)
     labels = [m.label for m in methods]
+    choices = choose(spec_of(args))
     config = {"kind": "sweep", "target": args.target,
               "draft": args.draft if any(m.uses_draft for m in methods) else None,
               "dtype": dtype, "device": args.device,
               # Contexts stay out: a resumed sweep may add lengths to a finished one.
               "settings": {k: v for k, v in asdict(settings).items() if k != "contexts"} | {"methods": labels},
-              "environment": environment(args.device, dtype, labels, quant_record(args))}
+              "environment": environment(args.device, dtype, labels, choices.record())}
     check_out_dir(out, config, args.resume)
     done = {row["context"] for row in read_rows(out)}
     todo = [n for n in settings.contexts if n not in done]
     if todo:
-        target, tokenizer = load_target(args)
-        drafts = load_drafts(args, target, tokenizer, methods, reuse_caches=True)
+        target, tokenizer = load_target(choices, to_stderr)
+        drafts = load_drafts(choices.spec, target, tokenizer, methods, reuse_caches=True)
     with RowWriter(out, config) as writer, tqdm(total=len(todo), desc="sweep", unit="context") as bar:
         for n in todo:
             writer.write(sweep_context(target, drafts, tokenizer, n, settings, progress=bar.set_postfix_str))
