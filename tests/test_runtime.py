@@ -435,8 +435,8 @@ def test_real_batched_decoding_equals_each_prompt_alone(natives):
     """Four HumanEval prompts decoded together on the int4 1.5B target, plain and with the int3
     draft (confidence floor 0.6, the default's), under the plan measured on these models and
     without one: every output equal to the prompt's plain decoding alone, bit for bit."""
-    from specdec.decode.batch import decode_together
     from specdec.decode.plan import measured_plan
+    from specdec.decode.scheduler import decode_together
     from specdec.decode.sequence import Options
     from specdec.proposers.policy import ConfidenceFloor
 

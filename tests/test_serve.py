@@ -510,11 +510,12 @@ def test_a_request_waits_for_kv_room(gguf, monkeypatch):
 
 
 def test_shutdown_ends_a_running_stream(gguf, monkeypatch):
-    """What SIGINT/SIGTERM do (uvicorn calls handle_exit): the running generation ends at its next
-    round with finish_reason "abort", the stream closes with [DONE] and the server exits."""
+    """What SIGINT/SIGTERM do (uvicorn calls handle_exit) with --shutdown-timeout 0: the running
+    generation ends at its next round with finish_reason "abort", the stream closes with [DONE]
+    and the server exits (the graceful default: tests/test_serve_faults.py)."""
     import signal
 
-    running = start_native(gguf)
+    running = start_native(gguf, "--shutdown-timeout", "0")
     slowed(monkeypatch)
     body = {"model": running.name, "prompt": PROMPT, "max_tokens": 400, "stream": True, **NO_EOS}
     lines = []

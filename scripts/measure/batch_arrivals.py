@@ -1,4 +1,4 @@
-"""In-process, paired: the default pair's Batch under requests arriving at Poisson times, plain
+"""In-process, paired: the default pair's decode scheduler under requests arriving at Poisson times, plain
 against the speculative plan (and the plan without re-timing its costs, or with the draft of a
 request that starts alone prefilled before its first token, as before commit ca2a37c, or taking
 guesses that promise any gain over plain rows: no margin), each
@@ -23,9 +23,9 @@ import time
 import numpy as np
 
 from specdec.bench.endpoint import arrival_offsets
-from specdec.decode.batch import Batch
 from specdec.decode.engine import generate
 from specdec.decode.plan import Planner, measured_plan
+from specdec.decode.scheduler import Request, Scheduler
 from specdec.decode.sequence import Options
 from specdec.load import LoadSpec
 from specdec.load.loaded import load
@@ -34,18 +34,6 @@ from specdec.prompts.chat import encode_messages
 from specdec.prompts.datasets import Selection, load_prompts
 
 VARIANTS = ("plain", "spec", "spec-not-retimed", "spec-eager", "spec-no-margin")
-
-
-class EagerBatch(Batch):
-    """The batch as it was before commit ca2a37c: a sequence that starts alone has its draft read
-    the whole prompt before its first round (the plan then never sees a catch-up for it)."""
-
-    def add(self, input_ids, options, slots=256):
-        alone = not self.sequences
-        d = super().add(input_ids, options, slots)
-        if alone and d in self.running and d.draft_lm is not None:
-            d.draft_lm.forward(d.prompt[d.draft_lm.length :], last_only=True)
-        return d
 
 
 def main() -> None:
@@ -78,9 +66,9 @@ def main() -> None:
     for i, at in enumerate(range(0, len(ids), args.clients)):
         wave = ids[at : at + args.clients]
         for variant in variants[i % len(variants):] + variants[: i % len(variants)]:
-            kind = EagerBatch if variant == "spec-eager" else Batch
-            batch = kind(lm, None if variant == "plain" else drafter, plans.get(variant), args.round_rows)
-            rate, stall = _wave(batch, wave, arrival_offsets(len(wave), args.gap), args.max_new_tokens)
+            scheduler = Scheduler(lm, None if variant == "plain" else drafter, plans.get(variant), args.round_rows)
+            rate, stall = _wave(scheduler, wave, arrival_offsets(len(wave), args.gap), args.max_new_tokens,
+                                eager=variant == "spec-eager")
             rates[variant].append(rate)
             stalls[variant].append(stall)
         print(f"wave {i}: " + ", ".join(f"{v} {rates[v][-1]:.1f} (stall {stalls[v][-1]:.2f} s)" for v in variants),
@@ -94,31 +82,44 @@ def main() -> None:
         print(f"spec's costs re-timed while decoding, over those at start: {plans['spec'].retimed()}")
 
 
-def _wave(batch: Batch, prompts: list[list[int]], offsets: list[float], max_new_tokens: int) -> tuple[float, float]:
-    """The wave's requests added at their arrival times, the batch stepped until all end: new
+def _wave(scheduler: Scheduler, prompts: list[list[int]], offsets: list[float], max_new_tokens: int,
+          eager: bool) -> tuple[float, float]:
+    """The wave's requests added at their arrival times, the scheduler stepped until all end: new
     tokens in all per second from the wave's start, and the longest a sequence that had its
-    first token waited for its next."""
-    start, pending, started = time.perf_counter(), list(zip(offsets, prompts)), []
-    last: dict = {}  # sequence -> (tokens, when they last grew)
+    first token waited for its next. `eager`: the scheduler as it was before commit ca2a37c, a
+    sequence that starts alone has its draft read the whole prompt before its first round (the
+    plan then never sees a catch-up for it)."""
+    start, pending, requests = time.perf_counter(), list(zip(offsets, prompts)), []
+    alone: list[Request] = []
+    scheduler.on_start = lambda request, first: alone.append(request) if first else None
+    last: dict = {}  # request -> (tokens, when they last grew)
     stall = 0.0
-    while pending or batch.sequences:
+
+    def seen() -> float:
+        now, longest = time.perf_counter(), 0.0
+        for r in requests:
+            got, at = (r.decoding.new if r.decoding is not None else 0), last.get(r, (0, now))
+            if got > at[0]:
+                longest = max(longest, now - at[1]) if at[0] else longest
+                last[r] = (got, now)
+        return longest
+
+    while pending or not scheduler.idle:
         now = time.perf_counter() - start
         while pending and pending[0][0] <= now:
-            prompt = pending.pop(0)[1]
-            started.append(batch.add(prompt, Options(max_new_tokens), len(prompt) + max_new_tokens + 16))
-            if started[-1].new:  # started alone: its first token now
-                last[started[-1]] = (started[-1].new, time.perf_counter())
-        if not batch.sequences:
+            requests.append(scheduler.add(pending.pop(0)[1], Options(max_new_tokens)))
+        if scheduler.idle:
             time.sleep(max(0.0, pending[0][0] - now))
             continue
-        batch.step()
-        now = time.perf_counter()
-        for d in started:
-            seen, at = last.get(d, (0, now))
-            if d.new > seen:
-                stall = max(stall, now - at) if seen else stall
-                last[d] = (d.new, now)
-    return sum(d.new for d in started) / (time.perf_counter() - start), stall
+        scheduler.admit()
+        for d in (r.decoding for r in alone):
+            if eager and d in scheduler.batch.running and d.draft_lm is not None:
+                d.draft_lm.forward(d.prompt[d.draft_lm.length :], last_only=True)
+        alone.clear()
+        stall = max(stall, seen())
+        scheduler.round()
+        stall = max(stall, seen())
+    return sum(r.decoding.new for r in requests) / (time.perf_counter() - start), stall
 
 
 if __name__ == "__main__":

@@ -33,9 +33,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--max-sequences", type=int, default=8, metavar="N",
                    help="requests decoded together (continuous batching; default 8; 1: one at a time)")
     s.add_argument("--kv-tokens", type=int, default=32768, metavar="T",
-                   help="cache positions the running requests may hold together, each reserving its prompt, "
-                        "max_tokens and a round's guesses (default 32768; docs/serving.md gives the bytes per "
-                        "position); a request that does not fit waits for one to end")
+                   help="cache positions the running requests may hold together, each claiming them as it grows "
+                        "(default 32768; docs/serving.md gives the bytes per position); when they are all held, "
+                        "the request that asked for the most waits and later resumes; a request that could not "
+                        "fit alone gets 400")
     s.add_argument("--no-plan", action="store_true",
                    help="guess the proposer's k every round instead of the cost model's choice per request")
     s.add_argument("--round-rows", type=int, default=None, metavar="N",
@@ -45,6 +46,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "token comes later (default 64; 0: prefilled alone, their rounds waiting for it)")
     s.add_argument("--max-queue", type=int, default=16,
                    help="requests that may wait while others decode; more get 503 with Retry-After (default 16)")
+    s.add_argument("--request-timeout", type=float, default=None, metavar="S",
+                   help="seconds a request may take from its arrival: past them a waiting one gets 503, a running "
+                        "one ends with what it generated, finish_reason abort (default: no limit)")
+    s.add_argument("--shutdown-timeout", type=float, default=30.0, metavar="S",
+                   help="on SIGTERM or Ctrl-C, seconds the running requests get to finish before they end with "
+                        "finish_reason abort; new ones get 503 at once (default 30)")
     s.add_argument("--max-body-bytes", type=int, default=8 << 20,
                    help="larger request bodies get 413 (default 8 MiB)")
     s.add_argument("--allowed-origins", default=None, metavar="LIST",
@@ -77,8 +84,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     finally:
         signal.signal(signal.SIGTERM, previous)
         worker.stop()
-        worker.join(30.0)
-    return 2 if worker.state == "failed" else 0
+        worker.join(worker.limits.shutdown_timeout + 5)
+    return 2 if worker.state in ("failed", "dead") else 0
 
 
 class _Stopped(Exception):
@@ -129,6 +136,10 @@ def build_server(args: argparse.Namespace):
     at_least_one(args, "max_new_tokens", "max_queue", "max_body_bytes", "max_sequences", "kv_tokens")
     if args.round_rows is not None and args.round_rows < 0:
         raise SpecdecError(f"--round-rows must be >= 0 (0: no chunked prefill), got {args.round_rows}")
+    if args.request_timeout is not None and not args.request_timeout > 0:
+        raise SpecdecError(f"--request-timeout must be > 0 seconds, got {args.request_timeout}")
+    if not args.shutdown_timeout >= 0:
+        raise SpecdecError(f"--shutdown-timeout must be >= 0 seconds, got {args.shutdown_timeout}")
     if not 0 <= args.port <= 65535:
         raise SpecdecError(f"--port must be in 0..65535, got {args.port}")
     SamplingConfig(args.temperature, args.top_k, args.top_p)  # the defaults' one-line errors, before loading
@@ -147,6 +158,7 @@ def build_server(args: argparse.Namespace):
 
     worker = DecodeWorker(load, ServerMetrics(name), name, defaults, args.max_queue,
                           limits=Limits(args.max_sequences, args.kv_tokens,
-                                        ROUND_ROWS if args.round_rows is None else args.round_rows))
+                                        ROUND_ROWS if args.round_rows is None else args.round_rows,
+                                        args.request_timeout, args.shutdown_timeout))
     settings = Settings(api_key=server_key(args), max_body_bytes=args.max_body_bytes, sites=sites_of(args))
     return build(worker, settings, args.host, args.port, args.log_level), worker

@@ -1,4 +1,5 @@
-"""Several sequences decoded together (continuous batching). Every round each running sequence
+"""Several sequences decoded together (continuous batching): one round at a time, for the
+scheduler (decode.scheduler), which decides who runs and with what K/V. Every round each running sequence
 guesses, and the guessing steps of all of them run as one draft forward per step; then one
 target forward scores every sequence's block; then each sequence accepts, commits and trims on
 its own (decode.sequence, the same code as one sequence alone). Sequences join between rounds
@@ -21,15 +22,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 
 import torch
 
-from ..errors import SpecdecError
 from .interface import Block, Runtime
 from .proposal import Drafting, Proposal, Proposer
 from ..runtime.rows import PREFILL_CHUNK
-from .sequence import Decoding, GenerationResult, Options
+from .sequence import Decoding, Options
 
 # plan(sequences, most, riding): how many tokens each running sequence guesses this round, each
 # at most `most[i]` (its proposer's k within its room); riding(n): the prompt rows of joining
@@ -102,6 +101,29 @@ class Batch:
                 and not d.options.reuse_prefix
                 and (d.drafter is None or self.plan is not None))
 
+    def resume(self, d: Decoding) -> None:
+        """Run again a sequence that `remove` stopped (a scheduler preempted it to free its K/V):
+        the target's cache is recomputed from the committed tokens (but the pending one), in
+        chunks inside the rounds where it joins as a prompt would, else now; its draft reads
+        them with its next guesses. On the native runtime every row gets the bits it got the
+        first time, so the sequence goes on as if never stopped. One stopped before its first
+        token starts as `add` starts it (and may end at once: then it is not running)."""
+        if self._joins(d):
+            self.joining[d] = 0
+            return
+        try:
+            if d.new:
+                d.lm.prefill(_rows(d))
+            else:
+                d.start(prefill_draft=self.plan is None)
+        except BaseException:
+            _release(d)
+            raise
+        if d.finished:
+            _release(d)
+        else:
+            self.running.append(d)
+
     def remove(self, d: Decoding) -> None:
         """Stop a sequence now (its client went away) and free its lanes."""
         if d in self.running:
@@ -147,7 +169,7 @@ class Batch:
         for d, done in self.joining.items():
             if room <= 0:
                 break
-            chunk = d.prompt[done : done + room]
+            chunk = _rows(d)[done : done + room]
             chunks.append((d, chunk))
             room -= chunk.numel()
         return chunks
@@ -159,19 +181,22 @@ class Batch:
 
     def _riding(self, rows: int) -> int:
         """The prompt rows a round with `rows` decode rows would carry."""
-        return min(self._room(rows), sum(d.prompt.numel() - done for d, done in self.joining.items()))
+        return min(self._room(rows), sum(_rows(d).numel() - done for d, done in self.joining.items()))
 
     def _prefilled(self, chunks: Sequence[tuple[Decoding, torch.Tensor]],
                    rows: Sequence[torch.Tensor]) -> list[tuple[Decoding, BaseException | None]]:
         """Advance the joining sequences by their chunks; one whose prompt is all forwarded
-        commits its first token and runs from the next round, unless that ended it (returned)."""
+        commits its first token (a resumed one has it) and runs from the next round, unless that
+        ended it (returned)."""
         ended: list[tuple[Decoding, BaseException | None]] = []
         for (d, chunk), last in zip(chunks, rows):
             self.joining[d] += chunk.numel()
-            if self.joining[d] < d.prompt.numel():
+            if self.joining[d] < _rows(d).numel():
                 continue
             del self.joining[d]
             self.running.append(d)
+            if d.new:
+                continue
             try:
                 d.begin(last, prefill_draft=False)
             except Exception as error:  # noqa: BLE001 - one sequence fails, the others go on
@@ -235,33 +260,15 @@ class Batch:
         return got
 
 
-def decode_together(target: Runtime, prompts: Sequence[torch.Tensor | Sequence[int]], drafter: Proposer | None,
-                   options: Options, plan: Plan | None = None) -> list[GenerationResult]:
-    """engine.generate over several prompts decoded together: the results in the prompts' order,
-    each the same as that prompt generated alone (greedy: the same tokens, bit for bit on the
-    native runtime; sampling: the same distribution, prompt i drawing from seed + i)."""
-    if options.on_commit or options.on_target_logits:
-        raise SpecdecError("on_commit and on_target_logits take one prompt: generate the prompts one by one, "
-                           "or run a decode.batch.Batch with options per sequence")
-    batch = Batch(target, drafter, plan)
-    started = []
-    try:
-        for i, prompt in enumerate(prompts):
-            seed = None if options.seed is None else options.seed + i
-            started.append(batch.add(prompt, replace(options, seed=seed)))
-        while batch.sequences:
-            for _, error in batch.step():
-                if error is not None:
-                    raise error
-    finally:
-        for d in batch.sequences:
-            batch.remove(d)
-    return [d.result() for d in started]
-
-
 def _lap(running: Sequence[Decoding], phase: str) -> None:
     for d in running:
         d.clock.lap(phase)
+
+
+def _rows(d: Decoding) -> torch.Tensor:
+    """What a joining sequence's target cache must hold before it runs: its prompt, or for a
+    resumed one every committed token but the pending one (decode.sequence's convention)."""
+    return d.seq[: d.length - 1] if d.new else d.prompt
 
 
 def _release(d: Decoding) -> None:

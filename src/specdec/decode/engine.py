@@ -76,7 +76,7 @@ def generate(
                       on_commit, on_target_logits, check, reuse_prefix)
     lm = runtime_of(target)
     if _several(input_ids):
-        from .batch import decode_together
+        from .scheduler import decode_together
 
         return decode_together(lm, input_ids, drafter, options, plan)
     d = Decoding(lm, input_ids, drafter, options)

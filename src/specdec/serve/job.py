@@ -1,5 +1,6 @@
-"""One request between the HTTP side and the decode worker (Job), and what the worker does for
-it while it decodes (Decode: its text stream, stop strings, logprobs, metrics and timings).
+"""One request between the HTTP side and the decode worker (Job), the jobs waiting for the
+worker (JobQueue), and what the worker does for a job while it decodes (Decode: its text
+stream, stop strings, logprobs, metrics and timings).
 
 The worker talks to the HTTP side only through Jobs: each holds a checked Generation, a cancel
 flag the HTTP side sets (client gone, server stopping), and an asyncio queue the worker fills,
@@ -9,9 +10,10 @@ from its thread, with Tokens events (per round), then one Finished or Failed.
 from __future__ import annotations
 
 import asyncio
+import math
+import queue
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from .errors import ApiError
@@ -47,6 +49,7 @@ class Job:
     def __init__(self, generation: Generation, loop: asyncio.AbstractEventLoop):
         self.generation = generation
         self.arrived = time.perf_counter()
+        self.deadline: float | None = None  # perf_counter time past which the worker drops it
         self.events: asyncio.Queue = asyncio.Queue()
         self._loop = loop
         self._cancelled = threading.Event()
@@ -59,7 +62,9 @@ class Job:
         return self._cancelled.is_set()
 
     def put(self, event) -> None:
-        """From the worker thread: hand an event to the request's handler."""
+        """From the worker thread: hand an event to the request's handler. Never blocks (the
+        event waits in the handler's unbounded queue), so a client that stops reading holds
+        no one but itself."""
         try:
             self._loop.call_soon_threadsafe(self.events.put_nowait, event)
         except RuntimeError:  # the event loop is gone (server stopped): nobody listens
@@ -67,24 +72,28 @@ class Job:
 
 
 class Decode:
-    """A job while the worker decodes it: the engine's on_commit / on_target_logits hooks turn
+    """A job in the worker's scheduler: the engine's on_commit / on_target_logits hooks turn
     committed tokens into text deltas (cut at a stop string) with logprobs, and record the
-    time-to-first-token and inter-token latencies; finish() sends the last events."""
+    time-to-first-token and inter-token latencies; start() marks the end of its wait, finish()
+    sends the last events."""
 
-    def __init__(self, job: Job, name: str, metrics: ServerMetrics, tokenizer, tokenizer_lock: threading.Lock,
-                 stopping: Callable[[], bool]):
+    def __init__(self, job: Job, name: str, metrics: ServerMetrics, tokenizer, tokenizer_lock: threading.Lock):
         self.job, self.name, self.metrics = job, name, metrics
-        self.tokenizer, self.tokenizer_lock, self.stopping = tokenizer, tokenizer_lock, stopping
+        self.tokenizer, self.tokenizer_lock = tokenizer, tokenizer_lock
         g = job.generation
-        self.started = time.perf_counter()
-        self.queue_s = self.started - job.arrived
-        metrics.queue_time.labels(name).observe(self.queue_s)
-        metrics.running.labels(name).inc()
+        self.started = self.queue_s = 0.0
         self.text = TextStream(tokenizer, g.stop, tokenizer_lock)
         self.rows: list = []  # the target's rows of the round being committed (logprobs)
         self.kept = 0
         self.first_at: float | None = None
         self.last_at = self.started
+
+    def start(self) -> None:
+        """The scheduler starts it: its wait ends, it counts as running."""
+        self.started = time.perf_counter()
+        self.queue_s = self.started - self.job.arrived
+        self.metrics.queue_time.labels(self.name).observe(self.queue_s)
+        self.metrics.running.labels(self.name).inc()
 
     @property
     def on_target_logits(self):
@@ -108,21 +117,22 @@ class Decode:
             if self.text.stopped:
                 break
         self.job.put(Tokens(deltas))
-        return self.text.stopped or self.job.cancelled or self.stopping()
+        return self.text.stopped or self.job.cancelled
 
     def finish(self, result, method: str) -> float:
-        """Send the text's tail and Finished for the engine's result; the request's decode seconds."""
+        """Send the text's tail and Finished for the engine's result; the request's decode
+        seconds. What may raise comes before anything is counted or sent (then fail() answers)."""
         m, g = self.metrics, self.job.generation
-        m.running.labels(self.name).dec()
         if result.finish_reason == "stopped":
             finish = "stop" if self.text.stopped else "cancelled"
         else:
             finish = "stop" if result.finish_reason == "eos" else "length"
         tail = self.text.finish()
-        if tail:
-            self.job.put(Tokens([Delta(tail)]))
         ttft = None if self.first_at is None else self.first_at - self.job.arrived
         figures = timings(result.stats, len(g.prompt_ids), self.kept, self.queue_s, ttft, method)
+        m.running.labels(self.name).dec()
+        if tail:
+            self.job.put(Tokens([Delta(tail)]))
         m.ended(finish, len(g.prompt_ids), self.kept, figures)
         m.e2e.labels(self.name).observe(time.perf_counter() - self.job.arrived)
         self.job.put(Finished(self.text.text, finish, usage(len(g.prompt_ids), self.kept), figures))
@@ -147,3 +157,54 @@ class Decode:
                                  tuple((i, piece(self.tokenizer, i), max(v, LOGPROB_FLOOR))
                                        for i, v in zip(ids[n], values[n])) if best is not None else ())
                     for n, (token, lp) in enumerate(zip(tokens, chosen))]
+
+
+class JobQueue:
+    """The jobs submitted and not yet started (up to `bound`: --max-queue), counted from submit
+    to their start or refusal, so a cancelled one leaves its place at once; the HTTP side puts,
+    the worker thread takes."""
+
+    def __init__(self, bound: int, metrics: ServerMetrics, name: str):
+        self.bound, self.metrics, self.name = bound, metrics, name
+        self._jobs: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self.waiting = 0
+
+    def put(self, job: Job, retry_s: float) -> None:
+        """Queue `job`, or a 503 with Retry-After (about `retry_s` a waiting request) when full."""
+        with self._lock:
+            if self.waiting >= self.bound:
+                self.metrics.reject("queue_full")
+                wait = max(1, math.ceil(retry_s * self.waiting))
+                raise ApiError(503, f"the server is busy: {self.waiting} requests are waiting (--max-queue); "
+                                    f"retry in about {wait} s", code="queue_full", headers={"Retry-After": str(wait)})
+            self.waiting += 1
+            self._jobs.put(job)
+        self.metrics.waiting.labels(self.name).inc()
+
+    def take(self, block: bool) -> Job | None:
+        """The next job (None: none without blocking, or a wake-up)."""
+        try:
+            return self._jobs.get(block=block)
+        except queue.Empty:
+            return None
+
+    def wake(self) -> None:
+        self._jobs.put(None)
+
+    def left(self) -> None:
+        """A job stopped waiting: it started, or was refused or cancelled before it did."""
+        with self._lock:
+            self.waiting -= 1
+        self.metrics.waiting.labels(self.name).dec()
+
+    def refuse_all(self, error: ApiError) -> None:
+        """Answer every job not yet taken with `error`."""
+        while True:
+            try:
+                job = self._jobs.get_nowait()
+            except queue.Empty:
+                return
+            if job is not None:
+                self.left()
+                job.put(Failed(error))

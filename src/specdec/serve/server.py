@@ -1,6 +1,7 @@
 """Running the application on uvicorn: the worker starts loading at once (GET /health answers
-503 until it is ready), Ctrl-C and SIGTERM stop the worker (the running request ends at its next
-round) and then uvicorn, and a model that fails to load stops the server with its error."""
+503 until it is ready), Ctrl-C and SIGTERM stop the worker (new requests refused, running ones
+given --shutdown-timeout seconds to finish) and then uvicorn, which waits for their replies;
+a model that fails to load, or a decode worker that dies, stops the server with its error."""
 
 from __future__ import annotations
 
@@ -15,8 +16,8 @@ from .worker import DecodeWorker
 
 
 class Server(uvicorn.Server):
-    """uvicorn's server, which also stops the decode worker when told to exit, so a stream in
-    progress ends at its next round instead of holding the shutdown."""
+    """uvicorn's server, which also stops the decode worker when told to exit, so the streams in
+    progress end within the worker's shutdown timeout instead of holding the shutdown."""
 
     def __init__(self, config: uvicorn.Config, worker: DecodeWorker):
         super().__init__(config)
@@ -29,14 +30,19 @@ class Server(uvicorn.Server):
 
 def build(worker: DecodeWorker, settings: Settings, host: str, port: int, log_level: str = "info") -> Server:
     config = uvicorn.Config(create_app(worker, settings), host=host, port=port, log_level=log_level,
-                            access_log=log_level == "debug", timeout_graceful_shutdown=10, lifespan="on")
+                            access_log=log_level == "debug", lifespan="on",
+                            timeout_graceful_shutdown=worker.limits.shutdown_timeout + 5)  # the replies' last events
     server = Server(config, worker)
 
     def failed(error: BaseException) -> None:
         print(f"specdec: error: the model did not load: {error}", file=sys.stderr, flush=True)
         server.should_exit = True
 
-    worker.on_load_failure = failed
+    def died(reason: str) -> None:
+        print(f"specdec: error: the decode worker died ({reason}): stopping", file=sys.stderr, flush=True)
+        server.should_exit = True
+
+    worker.on_load_failure, worker.on_death = failed, died
     return server
 
 

@@ -1,0 +1,277 @@
+"""Which sequences run each round, and with what K/V: the one owner of admission, the K/V budget,
+preemption and cancellation over a decode.batch.Batch (which runs a round: the plan's k per
+sequence, the joining prompts' chunks, the shared forwards). A server's worker, generate over
+several prompts and the measurement scripts all drive this class, nothing else.
+
+Admission: requests wait in arrival order and start between rounds, up to `sequences` at once,
+while the positions they claim fit `kv_tokens`. A request claims K/V as it grows, in chunks of
+`kv_chunk` positions (what the round may append: its committed tokens, a round's guesses and
+the target's token), not its prompt + max_tokens up front; so a request asking for a long answer
+holds only what it has written, and one that does not fit yet is passed over, never holding up
+the requests behind it. When the running sequences grow past the budget, the one that asked
+for the most (prompt + max_tokens; the later arrival on a tie) is preempted: its lanes are freed
+and it waits again in its arrival place; when it fits it resumes (decode.batch.Batch.resume: its
+cache recomputed from the committed tokens, bit for bit on the native runtime, where a row's
+logits do not depend on the block it is in), and its already-committed tokens are not committed
+again. A request larger than the whole budget is refused when added (room_error), so every
+admitted request fits alone and the oldest always progresses.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+
+import torch
+
+from ..errors import SpecdecError
+from .batch import Batch, Plan
+from .interface import Runtime
+from .proposal import Proposer
+from .sequence import Decoding, GenerationResult, Options
+
+# Positions a request claims at a time (at most the whole budget); vLLM's blocks are 16. A claim
+# is bookkeeping: the runtime's cache grows on its own (runtime.pool), so a chunk only sets how
+# finely the budget is shared.
+KV_CHUNK = 64
+
+
+@dataclass(eq=False)
+class Request:
+    """One prompt to decode: what was asked, the caller's `tag` (a server's job), and, once it
+    started, its Decoding."""
+
+    prompt: torch.Tensor | Sequence[int]
+    options: Options
+    tag: object = None
+    order: int = 0  # arrival rank: the waiting queue's order
+    decoding: Decoding | None = None
+    preempted: int = 0  # times its lanes were taken back
+
+    @property
+    def asked(self) -> int:
+        """The positions it may reach: what preemption weighs."""
+        return len(self.prompt) + self.options.max_new_tokens
+
+
+@dataclass(frozen=True)
+class Ended:
+    """A request that left the scheduler: its result (None when `error` ended it)."""
+
+    request: Request
+    result: GenerationResult | None
+    error: BaseException | None = None
+
+
+@dataclass
+class Scheduler:
+    """The requests on `target` (proposals from forks of `drafter`, k per round from `plan`).
+    `round_rows`: decode.batch.Batch's chunked prefill; `sequences`, `kv_tokens`: the limits
+    (None: none); `on_start(request, alone)`: told when a request's Decoding is created (alone:
+    nothing else ran), before its first token; `on_preempt(request)`: when its lanes are taken."""
+
+    target: Runtime
+    drafter: Proposer | None = None
+    plan: Plan | None = None
+    round_rows: int = 0
+    sequences: int | None = None
+    kv_tokens: int | None = None
+    kv_chunk: int = KV_CHUNK
+    on_start: Callable[[Request, bool], None] | None = None
+    on_preempt: Callable[[Request], None] | None = None
+    waiting: list[Request] = field(default_factory=list)
+    active: dict[Decoding, Request] = field(default_factory=dict)  # started and holding lanes
+
+    def __post_init__(self):
+        if self.kv_tokens is not None:
+            self.kv_chunk = min(self.kv_chunk, self.kv_tokens)
+        self.batch = Batch(self.target, self.drafter, self.plan, self.round_rows)
+        self._orders = itertools.count()
+
+    @property
+    def idle(self) -> bool:
+        return not self.waiting and not self.active
+
+    def held(self) -> int:
+        """K/V positions the active requests claim together."""
+        return sum(self._claim(r) for r in self.active.values())
+
+    def room_error(self, prompt_tokens: int, max_new_tokens: int) -> str | None:
+        """Why a request of this size can never run here (None: it can, alone at least)."""
+        if self.kv_tokens is None:
+            return None
+        need = self._rounded(prompt_tokens + max_new_tokens)
+        if need <= self.kv_tokens:
+            return None
+        return (f"the prompt ({prompt_tokens} tokens) and max_tokens ({max_new_tokens}) need {need} K/V positions, "
+                f"more than the server's whole budget of {self.kv_tokens} (--kv-tokens): shorten the prompt or "
+                f"lower max_tokens")
+
+    def add(self, prompt: torch.Tensor | Sequence[int], options: Options, tag: object = None) -> Request:
+        """Queue a request (it starts in a later step); SpecdecError if it can never fit."""
+        error = self.room_error(len(prompt), options.max_new_tokens)
+        if error is not None:
+            raise SpecdecError(error)
+        request = Request(prompt, options, tag, next(self._orders))
+        self.waiting.append(request)
+        return request
+
+    def cancel(self, request: Request) -> bool:
+        """Drop a request wherever it is (waiting, prefilling, decoding), its lanes freed now;
+        False if it had already left."""
+        if request in self.waiting:
+            self.waiting.remove(request)
+            return True
+        d = request.decoding
+        if d is None or self.active.get(d) is not request:
+            return False
+        self.batch.remove(d)
+        del self.active[d]
+        return True
+
+    def step(self) -> list[Ended]:
+        """admit, then round: the requests that ended."""
+        return self.admit() + self.round()
+
+    def admit(self) -> list[Ended]:
+        """Preempt while the running requests' growth overflows the budget, then start the
+        waiting requests that fit; those that ended at once (in their prefill)."""
+        self._make_room()
+        ended: list[Ended] = []
+        for request in list(self.waiting):
+            if self.sequences is not None and len(self.active) >= self.sequences:
+                break
+            if not self._fits(request) and not self._preempt_for(request):
+                continue  # passed over, not blocking: a later, smaller request may fit
+            self.waiting.remove(request)
+            ended += self._start(request)
+        return ended
+
+    def round(self) -> list[Ended]:
+        """One round of the active requests; those that ended in it."""
+        if not self.batch.sequences:
+            return []
+        return [self._end(d, error) for d, error in self.batch.step()]
+
+    def fail_all(self, error: BaseException) -> list[Ended]:
+        """Stop every active request because a round failed as a whole: each ends with `error`."""
+        return [self._end(d, error, remove=True) for d in list(self.active)]
+
+    def drain(self) -> list[Request]:
+        """Every request still here, waiting or active, removed (lanes freed)."""
+        left = [*self.active.values(), *self.waiting]
+        for d in list(self.active):
+            self.batch.remove(d)
+        self.active.clear()
+        self.waiting.clear()
+        return left
+
+    # --- admission and the budget -----------------------------------------------------------
+
+    def _start(self, request: Request) -> list[Ended]:
+        """Start a request, or resume a preempted one (its cache recomputed)."""
+        d = request.decoding
+        if d is None and self.on_start is not None:
+            self.on_start(request, not self.batch.sequences)
+        try:
+            if d is None:
+                d = request.decoding = self.batch.add(request.prompt, request.options, self.kv_chunk)
+            else:
+                self.batch.resume(d)
+        except Exception as error:  # noqa: BLE001 - one request fails, the others go on
+            return [Ended(request, None, error)]
+        if d not in self.batch.sequences:  # it ended with its first token
+            return [Ended(request, d.result())]
+        self.active[d] = request
+        return []
+
+    def _make_room(self) -> None:
+        """Preempt the request that asked for the most while the round's growth overflows."""
+        if self.kv_tokens is None:
+            return
+        while self.held() > self.kv_tokens and len(self.active) > 1:
+            self._preempt(max(self.active.values(), key=_weight))
+
+    def _fits(self, request: Request) -> bool:
+        return self.kv_tokens is None or self.held() + self._claim(request) <= self.kv_tokens
+
+    def _preempt_for(self, request: Request) -> bool:
+        """Preempt active requests that asked for more than `request`, the most first, if that
+        frees room for it (only larger ones: a request never displaces a smaller or equal one,
+        so two requests cannot take turns preempting each other)."""
+        free, freed = self.kv_tokens - self.held(), []
+        for other in sorted((r for r in self.active.values() if _weight(r) > _weight(request)), key=_weight,
+                            reverse=True):
+            if free >= self._claim(request):
+                break
+            free += self._claim(other)
+            freed.append(other)
+        if free < self._claim(request):
+            return False
+        for other in freed:
+            self._preempt(other)
+        return True
+
+    def _preempt(self, request: Request) -> None:
+        """Free `request`'s lanes; it waits again in its arrival place, its tokens kept."""
+        self.batch.remove(request.decoding)
+        del self.active[request.decoding]
+        request.preempted += 1
+        bisect.insort(self.waiting, request, key=lambda r: r.order)
+        if self.on_preempt is not None:
+            self.on_preempt(request)
+
+    def _claim(self, request: Request) -> int:
+        """The positions the target's cache may hold for `request` at the end of this round,
+        rounded up to whole chunks: its committed tokens but the pending one, then a round's
+        block (the pending token and the guesses); one without its first token yet holds its
+        prompt first. Never more than it asked for."""
+        d = request.decoding
+        if d is None or not d.new:
+            positions = len(request.prompt) + 1 + self._guesses()
+        else:
+            positions = d.length + d.guesses()
+        return self._rounded(min(positions, request.asked))
+
+    def _guesses(self) -> int:
+        return self.drafter.k if self.drafter is not None else 0
+
+    def _rounded(self, positions: int) -> int:
+        return math.ceil(positions / self.kv_chunk) * self.kv_chunk
+
+    def _end(self, d: Decoding, error: BaseException | None, remove: bool = False) -> Ended:
+        request = self.active.pop(d)
+        if remove:
+            self.batch.remove(d)
+        return Ended(request, None if error is not None else d.result(), error)
+
+
+def _weight(request: Request) -> tuple[int, int]:
+    """What preemption weighs: the positions asked for, then the later arrival."""
+    return request.asked, request.order
+
+
+def decode_together(target: Runtime, prompts: Sequence[torch.Tensor | Sequence[int]], drafter: Proposer | None,
+                   options: Options, plan: Plan | None = None) -> list[GenerationResult]:
+    """engine.generate over several prompts decoded together: the results in the prompts' order,
+    each the same as that prompt generated alone (greedy: the same tokens, bit for bit on the
+    native runtime; sampling: the same distribution, prompt i drawing from seed + i)."""
+    if options.on_commit or options.on_target_logits:
+        raise SpecdecError("on_commit and on_target_logits take one prompt: generate the prompts one by one, "
+                           "or run a decode.scheduler.Scheduler with options per request")
+    scheduler = Scheduler(target, drafter, plan)
+    requests = [scheduler.add(prompt, options if options.seed is None else replace(options, seed=options.seed + i))
+                for i, prompt in enumerate(prompts)]
+    results: dict[int, GenerationResult] = {}
+    try:
+        while not scheduler.idle:
+            for ended in scheduler.step():
+                if ended.error is not None:
+                    raise ended.error
+                results[ended.request.order] = ended.result
+    finally:
+        scheduler.drain()
+    return [results[r.order] for r in requests]
