@@ -211,3 +211,13 @@ def test_cli_min_p_is_checked(capsys):
             main(["generate", "--target", "tiny", "--prompt", "hi", "--min-p", bad])
         assert stop.value.code == 2
         assert "--min-p: must be a number in [0, 1)" in capsys.readouterr().err
+
+
+def test_a_vanishing_temperature_is_greedy(target):
+    """T = 1e-300 divides float32 logits to inf/NaN, whose draw is the vocabulary's last id: below
+    GREEDY_BELOW a temperature decodes greedily (vLLM's rule), so its tokens are greedy's."""
+    assert SamplingConfig(1e-300).greedy and SamplingConfig(9e-6).greedy and not SamplingConfig(1e-5).greedy
+    greedy = generate(target, [1, 2, 3], max_new_tokens=8, eos_token_id=[])
+    for t in (1e-300, 9e-6):
+        out = generate(target, [1, 2, 3], max_new_tokens=8, temperature=t, seed=3, eos_token_id=[])
+        assert out.new_tokens == greedy.new_tokens

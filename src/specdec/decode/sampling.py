@@ -32,6 +32,10 @@ import torch
 
 from ..errors import SpecdecError
 
+# A temperature below this samples greedily (vLLM's _SAMPLING_EPS): logits divided by 1e-300
+# overflow float32 to inf/NaN, and a draw from those returns the vocabulary's last id.
+GREEDY_BELOW = 1e-5
+
 
 @dataclass(frozen=True)
 class SamplingConfig:
@@ -42,7 +46,7 @@ class SamplingConfig:
 
     def __post_init__(self) -> None:
         if not self.temperature >= 0:
-            raise SpecdecError(f"temperature must be >= 0 (0 means greedy), got {self.temperature}")
+            raise SpecdecError(f"temperature must be >= 0 (below {GREEDY_BELOW:g}: greedy), got {self.temperature}")
         if self.top_k is not None and self.top_k < 1:
             raise SpecdecError(f"top_k must be >= 1, got {self.top_k}")
         if self.top_p is not None and not 0 < self.top_p <= 1:
@@ -53,7 +57,7 @@ class SamplingConfig:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        return self.temperature < GREEDY_BELOW
 
 
 def probs(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..decode.sampling import GREEDY_BELOW
 from .errors import ApiError, invalid
 from .fields import check_text, flag, integer, number
 
@@ -23,9 +24,6 @@ MAX_LOGPROBS = 20  # alternatives per token, as vLLM's default limit
 MAX_STOPS = 16
 MAX_STOP_CHARS = 256  # each stop string's length: the text stream holds back up to this much per token
 MAX_TEMPERATURE = 100.0  # OpenAI's range ends at 2; far above, float32 logits / T only flattens further
-# Below this a temperature is greedy (vLLM's _SAMPLING_EPS): dividing logits by 1e-300 overflows
-# float32 to inf/NaN, and the draw then returns garbage.
-GREEDY_BELOW = 1e-5
 
 
 @dataclass(frozen=True)
