@@ -265,6 +265,23 @@ void exp_shifted(float* x, int64_t n, float top) {
     for (int64_t j = 0; j < n; ++j) x[j] = exp_nonpositive(x[j] - top);
 }
 
+// o[0 .. V * kLanes) += w[j] * value j's same outputs for the keys j0 .. j1 of a row, in that order
+// (values: the head's value of slot 0 at the first of those outputs, D floats a slot). V
+// accumulators side by side: each add waits on the one before it in its output's sum, so it takes
+// V independent sums to keep the CPU's adders busy (2 left a prefill's weighted sums
+// latency-bound).
+template <int V>
+inline void add_weighted(float* o, const float* w, const float* values, int64_t D, const Seen& row, int64_t j0,
+                         int64_t j1) {
+    Lanes acc[V];
+    for (int i = 0; i < V; ++i) acc[i] = load(o + i * kLanes);
+    for (int64_t j = j0; j < j1; ++j) {
+        const float* v = values + row.slot(j) * D;
+        for (int i = 0; i < V; ++i) acc[i] = acc[i] + w[j] * load(v + i * kLanes);
+    }
+    for (int i = 0; i < V; ++i) store(o + i * kLanes, acc[i]);
+}
+
 // Rows [r0, r1) and query heads [h0, h1), all of K/V head kvh, each (row, head) over the slots
 // its row sees: scores and their running max key by key, then the weights exp(score - max) and
 // their sum, then the weighted values key by key. Each (row, head) runs exactly the float
@@ -323,8 +340,8 @@ void attend_tile(const SdModel& m, const SdLayer& L, const float* qkv, int64_t r
             total_at[pair] = total;
             std::fill_n(out + (r * m.heads + h) * D, D, 0.f);
         }
-    // o += weight * value key by key; a block of keys at a time, 32 of a head's outputs held in
-    // registers over the block (each output still sums its keys in ascending order).
+    // o += weight * value key by key; a block of keys at a time, up to 128 of a head's outputs
+    // held in registers over the block (each output still sums its keys in ascending order).
     for (int64_t j0 = 0; j0 < most; j0 += kKeyBlock)
         for (int64_t r = r0; r < r1; ++r) {
             const Seen& row = seen_at[r - r0];
@@ -332,16 +349,10 @@ void attend_tile(const SdModel& m, const SdLayer& L, const float* qkv, int64_t r
             for (int64_t h = h0; h < h1; ++h) {
                 const float* w = score_at + ((r - r0) * nh + (h - h0)) * most;
                 float* o = out + (r * m.heads + h) * D;
-                for (int64_t c = 0; c < D; c += 2 * kLanes) {
-                    Lanes a = load(o + c), b = load(o + c + kLanes);
-                    for (int64_t j = j0; j < j1; ++j) {
-                        const float* v = values + row.slot(j) * D + c;
-                        a = a + w[j] * load(v);
-                        b = b + w[j] * load(v + kLanes);
-                    }
-                    store(o + c, a);
-                    store(o + c + kLanes, b);
-                }
+                if (D % (8 * kLanes) == 0)
+                    for (int64_t c = 0; c < D; c += 8 * kLanes) add_weighted<8>(o + c, w, values + c, D, row, j0, j1);
+                else
+                    for (int64_t c = 0; c < D; c += 2 * kLanes) add_weighted<2>(o + c, w, values + c, D, row, j0, j1);
             }
         }
     for (int64_t r = r0; r < r1; ++r)
