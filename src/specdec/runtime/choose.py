@@ -17,7 +17,8 @@ from ..quant import MODES, NATIVE_ONLY
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
-    from ..decode.interface import Runtime
+    from .hf.causal_lm import CausalLM
+    from .native.native_lm import NativeLM
 
 NATIVE_MODES = (*MODES[1:], *NATIVE_ONLY)  # the weight forms the native runtime runs
 
@@ -49,11 +50,11 @@ def unfit(name: str, quant: str, device: str) -> str | None:
     return None
 
 
-def runtime_of(target: PreTrainedModel | Runtime, preallocate: bool = True) -> Runtime:
-    """The runtime a generation runs `target` on: a transformers model in a fresh runtime.hf CausalLM
-    (`preallocate` False: transformers' concatenating cache, cat=1), a runtime as it is (it starts
-    a fresh cache at its next prefill). A transformers model is told by being a torch module, so a
-    native runtime never imports transformers' model classes (seconds at start-up)."""
+def runtime_of(target: PreTrainedModel | CausalLM | NativeLM, preallocate: bool = True) -> CausalLM | NativeLM:
+    """The runtime (decode.interface.Runtime) a generation runs `target` on: a transformers model in
+    a fresh runtime.hf CausalLM (`preallocate` False: transformers' concatenating cache, cat=1), a
+    runtime as it is (it starts a fresh cache at its next prefill). A transformers model is told
+    by being a torch module, so a native runtime never imports transformers' model classes."""
     import torch
 
     if isinstance(target, torch.nn.Module):  # a transformers model, not a Runtime
