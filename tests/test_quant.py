@@ -25,7 +25,8 @@ from specdec.models import quantized as qmodel
 from specdec.models.draft_quant import quantize_draft
 from specdec.models.quant_cache import quantize_model
 from specdec.models.quant_options import check_options
-from specdec.models.quantized import FORMAT, load, quantize_weights, save
+from specdec.models.quantized import FORMAT, load, save
+from specdec.quant.model_weights import quantize_weights
 
 PROMPT = [3, 17, 42, 5, 9, 11, 3, 17, 42]
 SMOL = "smollm2-135m-instruct"

@@ -28,7 +28,8 @@ from ..files import cache_root, cached
 from ..runtime.hf.model_facts import PREPARED_FIX, is_prepared
 from ..quant.weights import INT4_GROUPS, fits, q8_rtn
 from .quant_options import GGUF_GROUP, describe
-from .quantized import FORMAT, Quantized, install, load, quantize_weights, save
+from ..quant.model_weights import Quantized, quantize_weights
+from .quantized import FORMAT, install, load, save
 from ..registry import REGISTRY, ModelSpec, converted_folder, gguf_file
 
 

@@ -18,49 +18,13 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
-from tqdm import tqdm
 from transformers import PreTrainedModel
 
-from ..errors import SpecdecError
+from ..quant.model_weights import Quantized
+from ..quant.weights import Q4Weight, Q8Weight, stacked
 from ..runtime.hf.linear import QuantLinear, SharedInputPart
-from ..quant import MODES
-from ..quant.gguf_source import Decoded, linear_weights, matching
-from ..quant.weights import INT4_GROUPS, Q4Weight, Q8Weight, fits, q4_rtn, q8_rtn, stacked
 
 FORMAT = 2  # version of the saved layout below (1: torch's int4/int8 kernel layouts)
-
-Quantized = dict[str, Q4Weight | Q8Weight]
-
-
-def quantize_weights(model: PreTrainedModel, mode: str, gguf: Path | None = None, group: int = 32) -> Quantized:
-    """The quantized weight of each plain linear layer of `model` (module name -> weight);
-    layers left out stay dense."""
-    if mode not in MODES[1:]:
-        raise SpecdecError(f"unknown quantization {mode!r}; use one of: {', '.join(MODES)}")
-    if group not in INT4_GROUPS:
-        raise SpecdecError(f"the int4 group size must be one of {INT4_GROUPS}, got {group}")
-    layers = {name: m for name, m in model.named_modules() if type(m) is torch.nn.Linear}
-    source: dict[str, Decoded] = {}
-    if gguf is not None:
-        heads = _rotary_heads(model)
-        for name, _, weight in tqdm(linear_weights(gguf), total=len(layers), desc="reading GGUF", unit="layer"):
-            if name in layers:
-                source[name] = matching(name, weight, layers[name].weight.detach(), heads.get(name))
-    out: Quantized = {}
-    for name, layer in tqdm(layers.items(), desc=f"quantizing to {mode}", unit="layer", disable=len(layers) < 50):
-        if not fits(layer.in_features, layer.out_features):
-            continue
-        weight = source.get(name, layer.weight.detach())
-        if isinstance(weight, Q8Weight) or (isinstance(weight, Q4Weight) and mode == "int4"):
-            out[name] = weight  # exact, whatever `group` asks of rounded layers
-        elif isinstance(weight, Q4Weight):
-            out[name] = q8_rtn(weight.dequantize())
-        elif mode == "int4" and (gguf is None or name in source) and layer.in_features % group == 0:
-            out[name] = q4_rtn(weight, group)
-        else:
-            out[name] = q8_rtn(weight)
-    return out
-
 
 # Layers that one module feeds the same input, computed as one (runtime.hf.linear.SharedInputPart).
 _SHARED_INPUT = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
@@ -151,18 +115,3 @@ def save(weights: Quantized, path: Path, description: dict) -> None:
 
 def load(path: Path) -> Quantized:
     return from_tensors(load_file(str(path)))
-
-
-def _rotary_heads(model: PreTrainedModel) -> dict[str, int]:
-    """Head counts of the q and k projections of a Llama model, whose GGUF rows llama.cpp
-    interleaves (see gguf_source.matching); none for other architectures."""
-    config = model.config
-    if config.model_type != "llama":
-        return {}
-    heads = {}
-    for name, _ in model.named_modules():
-        if name.endswith("self_attn.q_proj"):
-            heads[name] = config.num_attention_heads
-        elif name.endswith("self_attn.k_proj"):
-            heads[name] = config.num_key_value_heads
-    return heads

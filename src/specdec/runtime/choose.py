@@ -12,15 +12,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..errors import SpecdecError
-from ..quant import MODES, NATIVE_ONLY
+from .native import NATIVE_MODES
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
     from .hf.causal_lm import CausalLM
     from .native.native_lm import NativeLM
-
-NATIVE_MODES = (*MODES[1:], *NATIVE_ONLY)  # the weight forms the native runtime runs
 
 RUNTIMES = ("auto", "native", "hf")
 

@@ -14,7 +14,7 @@ import torch
 
 from ...decoder_config import DecoderConfig, decoder_config
 from ...errors import SpecdecError
-from ..choose import NATIVE_MODES
+from . import NATIVE_MODES
 from .decoder import Decoder
 from .decoder_weights import DecoderWeights, assemble, build, layer_weights
 from .native_lm import NativeLM

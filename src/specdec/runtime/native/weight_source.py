@@ -28,12 +28,12 @@ from gguf import GGUFReader, quants
 from ...decoder_config import DecoderConfig
 from ...errors import SpecdecError
 from ...quant.gguf_source import EXACT, decode_exact, linear_weights, rows_unpermuted
+from ...quant.model_weights import Quantized, quantize_weights
 from ...quant.weights import Q4Weight, Q8Weight, q3_rtn, q4_rtn, q8_rtn
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
-    from ...models.quantized import Quantized
 
 HEAD = "lm_head"
 EMBEDDING = "model.embed_tokens.weight"  # a float32 embedding (dense models, float GGUF tensors) in `dense`
@@ -139,10 +139,6 @@ def read_gguf(path: Path | GGUFReader, cfg: DecoderConfig, mode: str, keep: Keep
 def read_model(model: PreTrainedModel, cfg: DecoderConfig, mode: str) -> SourceWeights:
     """A dense Hugging Face model's weights, every linear layer rounded (int4: Q4 in groups of
     32, the output layer Q8; int8: Q8; int3: Q3, the output layer Q4)."""
-    from ...models.quantized import (
-        quantize_weights,  # transformers' side: imported only here
-    )
-
     head = model.get_output_embeddings().weight.detach()
     if mode == "int3":
         out_layer = model.get_output_embeddings()
