@@ -1,4 +1,4 @@
-"""Command line: specdec generate | serve | check | bench | report | advise | sweep | perplexity.
+"""Command line: specdec generate | chat | serve | check | bench | report | advise | sweep | perplexity.
 
 One module per command (each registers its parser; models and torch load only when a command
 runs); the arguments they share, and how those become method specs and one LoadSpec
@@ -20,6 +20,7 @@ from ..errors import SpecdecError
 COMMANDS = {
     "generate": ("generate", "generate text, speculatively, with live acceptance"),
     "serve": ("serve", "an OpenAI-compatible HTTP server that decodes speculatively"),
+    "chat": ("chat", "a conversation in the terminal, speculatively, the cache kept between turns"),
     "check": ("check", "prove losslessness of speculation on a model pair"),
     "bench": ("bench", "paired, resumable benchmark of decoding methods (and servers)"),
     "report": ("bench", "rebuild summary.json and report.md of a bench folder from its rows"),

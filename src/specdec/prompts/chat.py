@@ -10,13 +10,18 @@ from ..errors import SpecdecError
 def encode_prompt(tokenizer: PreTrainedTokenizerBase, text: str, raw: bool = False) -> list[int]:
     """Token ids for a user message; `raw` skips the chat template (base models, completions)."""
     require_text(text)
-    if raw or not getattr(tokenizer, "chat_template", None):
+    if raw or not has_chat_template(tokenizer):
         return tokenizer(text, add_special_tokens=True)["input_ids"]
     encoded = tokenizer.apply_chat_template(
         [{"role": "user", "content": text}], add_generation_prompt=True
     )
     # transformers 5 returns a BatchEncoding here, older releases a plain list.
     return list(encoded["input_ids"] if hasattr(encoded, "keys") else encoded)
+
+
+def has_chat_template(tokenizer: PreTrainedTokenizerBase) -> bool:
+    """Whether the tokenizer carries a chat template (an instruct model's)."""
+    return bool(getattr(tokenizer, "chat_template", None))
 
 
 def require_text(text: str) -> str:
@@ -30,7 +35,7 @@ def encode_messages(tokenizer: PreTrainedTokenizerBase, messages: list[dict]) ->
     ready for the assistant's reply: the model's chat template, as encode_prompt applies it to
     one user message. A model without a template takes one user message as raw text, as
     encode_prompt does; anything longer needs a template, or the completions API."""
-    if not getattr(tokenizer, "chat_template", None):
+    if not has_chat_template(tokenizer):
         if len(messages) == 1 and messages[0]["role"] == "user":
             return encode_prompt(tokenizer, messages[0]["content"], raw=True)
         raise SpecdecError("this model has no chat template: send one user message, or use /v1/completions "
