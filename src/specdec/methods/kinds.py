@@ -57,6 +57,22 @@ def _hybrid(method: Spec, draft: DraftModel | None) -> Proposer:
     return Hybrid(draft, _lookup(method, None))
 
 
+def _suffix(method: Spec, draft: DraftModel | None) -> Proposer:
+    from ..proposers import SuffixProposer
+
+    return SuffixProposer(method.k)
+
+
+# suffix+draft: the memory may guess this many times the draft's k (its long, confident matches)
+SUFFIX_REACH = 4
+
+
+def _suffix_draft(method: Spec, draft: DraftModel | None) -> Proposer:
+    from ..proposers import SuffixHybrid, SuffixProposer
+
+    return SuffixHybrid(draft, SuffixProposer(SUFFIX_REACH * method.k))
+
+
 _ROUND = ("conf", "pay", "dyn")  # a draft's adaptive-k policies
 KINDS: dict[str, Kind] = {
     "ar": Kind(("cat",), "specdec", build=_plain),
@@ -65,6 +81,10 @@ KINDS: dict[str, Kind] = {
     "draft": Kind(("k", "quant", "vocab", *_ROUND, "width", "cat"), "specdec", uses_draft=True, build=_draft),
     "lookup": Kind(("k", "ngram", "cat"), "specdec", build=_lookup),
     "hybrid": Kind(("k", "ngram", "quant", "vocab", *_ROUND, "cat"), "specdec", uses_draft=True, build=_hybrid),
+    # a memory of earlier requests' prompts and outputs (proposers.suffix): the server's proposer
+    # keeps it across requests; alone, or its confident guesses else the draft's
+    "suffix": Kind(("k",), "specdec", build=_suffix),
+    "suffix+draft": Kind(("k", "quant", "vocab", *_ROUND, "cat"), "specdec", uses_draft=True, build=_suffix_draft),
     "hf-ar": Kind((), "hf"),
     "hf-assisted": Kind(("k", "quant"), "hf", uses_draft=True),
     "hf-lookup": Kind(("k", "ngram"), "hf"),
