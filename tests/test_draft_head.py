@@ -24,6 +24,26 @@ def test_frequent_tokens_order():
         frequent_tokens(texts, 11, 10)
 
 
+def test_a_tokenizers_frequent_head_ids_are_counted_once_and_kept(monkeypatch, tmp_path):
+    """The second start reads the ids the first counted (the same ids, no prompt tokenized); another
+    size is counted anew, and a tokenizer that names no source is never kept."""
+    import specdec.files
+    from specdec.models import draft_head
+
+    monkeypatch.setattr(specdec.files, "cache_root", lambda: tmp_path)
+    tokenizer = word_tokenizer(64)
+    tokenizer.name_or_path = "words-64"
+    first = draft_head.frequent_head_ids(tokenizer, 16, 64)
+    assert len(list((tmp_path / "head-ids").iterdir())) == 1
+    counted = []
+    monkeypatch.setattr(draft_head, "bundled_text_tokens", lambda t: counted.append(1) or [[5, 5, 9]])
+    assert torch.equal(draft_head.frequent_head_ids(tokenizer, 16, 64), first) and not counted
+    assert draft_head.frequent_head_ids(tokenizer, 8, 64).tolist() == [0, 1, 2, 3, 4, 5, 6, 9] and counted
+    nameless = word_tokenizer(64)
+    draft_head.frequent_head_ids(nameless, 8, 64)
+    assert len(list((tmp_path / "head-ids").iterdir())) == 2 and len(counted) == 2
+
+
 def test_restricted_head_scores_kept_ids_like_the_full_head():
     model = tiny_model(3)
     keep = torch.tensor([40, 3, 17, 63, 0])
