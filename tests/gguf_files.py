@@ -80,7 +80,8 @@ def write_model(path: Path, arch: str, kind: T = T.Q8_0, seed: int = 0, head_dim
     tokens = tokens or fields["tokens"]
     w.add_token_list(tokens)
     w.add_token_types([*fields["types"], *[4] * (len(tokens) - len(fields["types"]))][: len(tokens)])  # 4: user-defined
-    w.add_token_merges(fields["merges"])
+    known = set(tokens)  # a shorter token list keeps only the merges among its tokens
+    w.add_token_merges([m for m in fields["merges"] if all(p in known for p in (*m.split(" "), m.replace(" ", "")))])
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
     w.add_chat_template(fields["template"])

@@ -1,6 +1,7 @@
-"""`specdec serve` as users run it: a subprocess on 127.0.0.1 with the API key from the
-environment, answered by the official openai client, stopped by SIGTERM with exit status 0; the
-command's module loads no HTTP stack before it runs."""
+"""`specdec serve` as users run it: a subprocess on 127.0.0.1 serving the tiny GGUF pair on
+specdec's native runtime (tests/serve_native.py) with the API key from the environment, answered
+by the official openai client, stopped by SIGTERM with exit status 0; the command's module loads no
+HTTP stack before it runs."""
 
 from __future__ import annotations
 
@@ -11,10 +12,16 @@ import subprocess
 import sys
 import time
 
+from pathlib import Path
+
 import httpx
 import openai
 import pytest
-from test_serve import PROMPT, folders, model_args  # noqa: F401 - the module fixture is shared
+from serve_native import native_args
+
+from specdec.files import cache_root
+
+PROMPT = "a b c d e a b c"
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -25,10 +32,20 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_serve_subprocess_key_from_env_and_sigterm(folders):  # noqa: F811
+def private_cache(folder: Path) -> dict:
+    """The environment of a subprocess whose specdec cache is `folder` (the tiny files' prepared
+    parts go there, not to the user's cache), the compiled kernels shared with this process's."""
+    (folder / "cache").mkdir(parents=True, exist_ok=True)
+    kernels = folder / "cache" / "kernels"
+    if not kernels.exists():
+        kernels.symlink_to(cache_root() / "kernels", target_is_directory=True)
+    return {**os.environ, "SPECDEC_CACHE": str(folder / "cache")}
+
+
+def test_serve_subprocess_key_from_env_and_sigterm(tmp_path):
     port = free_port()
-    env = {**os.environ, "SPECDEC_API_KEY": "from-env"}
-    command = [sys.executable, "-m", "specdec.cli", "serve", *model_args(folders), "--port", str(port)]
+    env = {**private_cache(tmp_path), "SPECDEC_API_KEY": "from-env"}
+    command = [sys.executable, "-m", "specdec.cli", "serve", *native_args(tmp_path), "--port", str(port)]
     process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -45,7 +62,8 @@ def test_serve_subprocess_key_from_env_and_sigterm(folders):  # noqa: F811
             assert time.monotonic() < deadline, "no answer from specdec serve"
             time.sleep(0.2)
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="from-env", max_retries=0)
-        reply = client.completions.create(model=folders[0], prompt=PROMPT, max_tokens=6, temperature=0)
+        reply = client.completions.create(model=client.models.list().data[0].id, prompt=PROMPT, max_tokens=6,
+                                          temperature=0, extra_body={"ignore_eos": True})
         assert reply.usage.completion_tokens == 6 and reply.model_extra["timings"]["predicted_n"] == 6
         with pytest.raises(openai.AuthenticationError):
             openai.OpenAI(base_url=f"{url}/v1", api_key="nope", max_retries=0).models.list()
@@ -63,10 +81,10 @@ def test_serve_subprocess_key_from_env_and_sigterm(folders):  # noqa: F811
     assert "costs while serving, over those timed at start: draft over 1 rows x" in out, out[-600:]
 
 
-def test_a_model_that_does_not_load_ends_the_server(folders, tmp_path):  # noqa: F811
-    command = [sys.executable, "-m", "specdec.cli", "serve", *model_args(folders), "--target", str(tmp_path / "none"),
-               "--port", str(free_port())]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+def test_a_model_that_does_not_load_ends_the_server(tmp_path):
+    command = [sys.executable, "-m", "specdec.cli", "serve", *native_args(tmp_path), "--target",
+               str(tmp_path / "none.gguf"), "--port", str(free_port())]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120, env=private_cache(tmp_path))
     assert done.returncode == 2, done.stderr
     assert "specdec: error: the model did not load" in done.stderr
 
@@ -80,7 +98,7 @@ def test_warning_beyond_loopback_without_a_key():
     assert "without an API key" in host_warning("192.168.1.5", None)
 
 
-def test_round_rows_option(folders):  # noqa: F811
+def test_round_rows_option(tmp_path):
     """--round-rows N fills rounds to N rows (unset: serve.worker.ROUND_ROWS; 0: no chunked
     prefill), and a negative N is refused before any model loads."""
     import argparse
@@ -91,7 +109,7 @@ def test_round_rows_option(folders):  # noqa: F811
 
     parser = argparse.ArgumentParser()
     register(parser.add_subparsers())
-    limits = [build_server(parser.parse_args(["serve", *model_args(folders), *extra]))[1].limits.round_rows
+    limits = [build_server(parser.parse_args(["serve", *native_args(tmp_path), *extra]))[1].limits.round_rows
               for extra in ([], ["--round-rows", "16"], ["--round-rows", "0"])]
     assert limits == [ROUND_ROWS, 16, 0]
     with pytest.raises(SpecdecError, match="--round-rows must be >= 0"):
