@@ -14,9 +14,7 @@ from gguf_files import T, write_model
 import specdec
 from specdec.decode.engine import generate
 from specdec.errors import SpecdecError
-from specdec.load import LoadSpec
-from specdec.load.choose import choose
-from specdec.load.loaded import load
+from specdec.load import LoadSpec, choose, load
 from specdec.methods.spec import parse
 
 SOURCE = Path(specdec.__file__).parent

@@ -27,8 +27,7 @@ from specdec.decode.engine import generate
 from specdec.decode.plan import Planner, measured_plan
 from specdec.decode.scheduler import Request, Scheduler
 from specdec.decode.sequence import Options
-from specdec.load import LoadSpec
-from specdec.load.loaded import load
+from specdec.load import LoadSpec, load
 from specdec.methods.spec import parse
 from specdec.prompts.chat import encode_messages
 from specdec.prompts.datasets import Selection, load_prompts

@@ -23,8 +23,7 @@ from pathlib import Path
 
 from specdec import generate
 from specdec.decode.plan import measured_plan
-from specdec.load import LoadSpec
-from specdec.load.loaded import load
+from specdec.load import LoadSpec, load
 from specdec.methods.spec import parse
 from specdec.prompts.chat import encode_prompt
 

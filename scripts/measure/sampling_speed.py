@@ -59,8 +59,7 @@ def main() -> int:
     import torch
 
     from specdec.decode.engine import generate
-    from specdec.load.choose import choose
-    from specdec.load.loaded import load
+    from specdec.load import choose, load
     from specdec.load.models import load_drafts
     from specdec.methods.build import build_proposer
     from specdec.methods.spec import parse

@@ -39,7 +39,8 @@ def method_flags(args: argparse.Namespace) -> Flags:
 
 def method_of(args: argparse.Namespace) -> Method:
     """The method --proposer and its flags name."""
-    return parse(args.proposer, method_flags(args))
+    flags = method_flags(args)
+    return parse(args.proposer, flags)
 
 
 def spec_of(args: argparse.Namespace, method: Method = PLAIN, pay_rule: str | None = None) -> LoadSpec:

@@ -37,7 +37,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     text = require_text(_prompt_text(args))
     at_least_one(args, "max_new_tokens")
     check_sampling(args)  # every option before a model loads: a bad value is the only line printed
-    loaded = load(spec_of(args, method_of(args), args.pay_rule))
+    spec = spec_of(args, method_of(args), args.pay_rule)
+    loaded = load(spec)
     tokenizer = loaded.tokenizer
     prompt = encode_prompt(tokenizer, text, raw=args.raw)
     streamer = None if args.json else Streamer(tokenizer, color=_use_color(args.color))
