@@ -210,19 +210,36 @@ def test_the_plan_decides_each_rounds_guesses(models):
         assert all((results[r.order].stats.proposed > 0) == guessed for r in requests)
 
 
-def test_a_round_that_fails_as_a_whole_ends_every_active_request_and_frees_its_lanes(models, monkeypatch):
+def test_a_round_that_fails_as_a_whole_runs_its_requests_again_and_ends_them_on_a_second_failure(models,
+                                                                                                monkeypatch):
+    """The batch's round raises once: every active request's lanes are freed and it runs again
+    from its committed tokens, its output that of the prompt alone; a round that keeps failing
+    ends each request with the error at its second failed round, its lanes freed."""
     from specdec.decode.batch import Batch
 
-    target, _ = models
-    held = target.pool.held()
-    scheduler = Scheduler(target, sequences=2)
-    requests = [scheduler.add(sequence(6 + i, seed=80 + i), Options(20, eos_token_id=[])) for i in range(3)]
+    target, draft = models
+    drafter = DraftModel(draft, k=3)
+    prompts = [sequence(6 + i, seed=80 + i) for i in range(3)]
+    want = [_alone(target, drafter, p, 20) for p in prompts]
+    held = target.pool.held(), draft.pool.held()
+    scheduler = Scheduler(target, drafter, sequences=2)
+    requests = [scheduler.add(p, Options(20, eos_token_id=[])) for p in prompts]
     scheduler.step()
-    monkeypatch.setattr(Batch, "step", lambda self: 1 / 0)
+    scheduler.step()
+    step, calls = Batch.step, []
+    monkeypatch.setattr(Batch, "step", lambda self: 1 / 0 if not calls and not calls.append(1) else step(self))
     with pytest.raises(ZeroDivisionError):
         scheduler.step()
-    ended = scheduler.fail_all(RuntimeError("round"))
-    assert {e.request.order for e in ended} == {0, 1} and all(e.error is not None for e in ended)
-    assert target.pool.held() == held and scheduler.waiting == [requests[2]]
-    monkeypatch.undo()
-    assert _run(scheduler)[2].new_tokens == _alone(target, None, sequence(8, seed=82), 20)
+    assert scheduler.recover(ZeroDivisionError()) == [] and not scheduler.active
+    assert scheduler.waiting == requests and (target.pool.held(), draft.pool.held()) == held
+    results = _run(scheduler)
+    assert [results[r.order].new_tokens for r in requests] == want
+    monkeypatch.setattr(Batch, "step", lambda self: 1 / 0)
+    again = [scheduler.add(p, Options(20, eos_token_id=[])) for p in prompts[:2]]
+    ended = []
+    for _ in range(2):
+        with pytest.raises(ZeroDivisionError):
+            scheduler.step()
+        ended += scheduler.recover(RuntimeError("round"))
+    assert [e.request for e in ended] == again and all(isinstance(e.error, RuntimeError) for e in ended)
+    assert scheduler.idle and (target.pool.held(), draft.pool.held()) == held

@@ -37,6 +37,7 @@ from .sequence import Decoding, GenerationResult, Options
 # is bookkeeping: the runtime's cache grows on its own (runtime.pool), so a chunk only sets how
 # finely the budget is shared.
 KV_CHUNK = 64
+FAILURES = 2  # failed rounds a request survives, but the last (Scheduler.recover)
 
 
 @dataclass(eq=False)
@@ -49,7 +50,8 @@ class Request:
     tag: object = None
     order: int = 0  # arrival rank: the waiting queue's order
     decoding: Decoding | None = None
-    preempted: int = 0  # times its lanes were taken back
+    preempted: int = 0  # times its lanes were taken back for room
+    failures: int = 0  # failed rounds it was in
 
     @property
     def asked(self) -> int:
@@ -156,9 +158,19 @@ class Scheduler:
             return []
         return [self._end(d, error) for d, error in self.batch.step()]
 
-    def fail_all(self, error: BaseException) -> list[Ended]:
-        """Stop every active request because a round failed as a whole: each ends with `error`."""
-        return [self._end(d, error, remove=True) for d in list(self.active)]
+    def recover(self, error: BaseException) -> list[Ended]:
+        """After a round that failed as a whole (the plan, a shared forward: nothing was
+        committed yet), free every active request's lanes: each runs again from its committed
+        tokens (greedy: bit for bit on the native runtime), unless this is its FAILURES-th failed
+        round: then it ends with `error` (returned), so a fault that persists cannot loop."""
+        ended = []
+        for request in list(self.active.values()):
+            request.failures += 1
+            if request.failures >= FAILURES:
+                ended.append(self._end(request.decoding, error, remove=True))
+            else:
+                self._preempt(request, notify=False)
+        return ended
 
     def drain(self) -> list[Request]:
         """Every request still here, waiting or active, removed (lanes freed)."""
@@ -215,14 +227,15 @@ class Scheduler:
             self._preempt(other)
         return True
 
-    def _preempt(self, request: Request) -> None:
+    def _preempt(self, request: Request, notify: bool = True) -> None:
         """Free `request`'s lanes; it waits again in its arrival place, its tokens kept."""
         self.batch.remove(request.decoding)
         del self.active[request.decoding]
-        request.preempted += 1
         bisect.insort(self.waiting, request, key=lambda r: r.order)
-        if self.on_preempt is not None:
-            self.on_preempt(request)
+        if notify:
+            request.preempted += 1
+            if self.on_preempt is not None:
+                self.on_preempt(request)
 
     def _claim(self, request: Request) -> int:
         """The positions the target's cache may hold for `request` at the end of this round,

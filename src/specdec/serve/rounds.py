@@ -6,10 +6,11 @@ the late dropped, a round run, events out to each job (serve.job). What a client
   (waiting, prefilling, decoding) before the next round, its lanes free for that round: one
   that started ends with what it generated (finish_reason "abort"), one still waiting that
   timed out gets a 503;
-- a round that fails as a whole (the shared forward, the plan) fails the requests in it with a
-  500 (serve.errors.internal: an id, no exception text) and the loop goes on: every lane is
-  released, nothing is left half-written; a request's own failure, or its finish raising,
-  fails that request alone;
+- a round that fails as a whole (the plan, a shared forward) is logged with an id and its
+  requests run again from their committed tokens (decode.scheduler's recover: every lane is
+  released, nothing was committed); one whose second round fails gets a 500 (serve.errors.internal:
+  the id, no exception text); a request's own failure, or its finish raising, fails that request
+  alone; the loop goes on;
 - after stop(): waiting requests get 503, running ones finish until the shutdown timeout and
   then end with finish_reason "abort".
 Anything that escapes serve() is the watchdog's (serve.worker).
@@ -129,9 +130,9 @@ class Rounds:
         s = self.scheduler
         try:
             ended = s.step()
-        except Exception as e:  # noqa: BLE001 - a round failed as a whole: its requests fail, the server goes on
+        except Exception as e:  # noqa: BLE001 - a round failed as a whole: its requests run again
             error = internal(e, "a decode round failed")
-            for gone in s.fail_all(e):
+            for gone in s.recover(e):
                 gone.request.tag.fail(error)
             return
         for gone in ended:

@@ -143,9 +143,9 @@ class DecodeWorker:
             self._stop_asked = True
             if self.state == "ready":
                 self.state = "stopping"
-        if self._rounds is not None:
-            self._rounds.stop(self.limits.shutdown_timeout)
         self.jobs.refuse_all(ApiError(503, "the server is stopping", code="stopping"))
+        if self._rounds is not None:
+            self._rounds.stop(self.limits.shutdown_timeout)  # wakes the worker (after refuse_all took the queue)
 
     def join(self, timeout: float | None = None) -> None:
         if self._thread.is_alive():
