@@ -83,6 +83,32 @@ def test_the_pool_moves_runs_keeping_their_keys_and_refuses_past_its_limit(model
         lane.forward(tokens[8:9])
 
 
+def test_the_pool_gives_memory_back_after_a_burst():
+    """Three lanes grow the cache from 16 slots to hundreds; once they are released and only a
+    short lane at the start is held, the cache shrinks back to its first 16 slots (its bytes
+    with it), the short lane's keys kept: its next rows still equal the rows alone, growing the
+    cache again; released too, the cache is 16 slots."""
+    target = from_transformers(tiny("qwen2", layers=1), "int4", capacity=16)
+    tokens = sequence(60, seed=9)
+    single = alone(target, tokens)
+    target.release()
+    first = target.kv_bytes()
+    short = target.lane(slots=8)
+    assert torch.equal(short.forward(tokens[:6]), single[:6])
+    burst = [target.lane(slots=4) for _ in range(3)]
+    for lm in burst:
+        assert torch.equal(lm.forward(tokens), single)
+    grown = target.decoder.capacity
+    assert grown >= 8 + 3 * 64 and target.kv_bytes() == first * grown // 16
+    for lm in burst:
+        lm.release()
+    assert target.decoder.capacity == 16 and target.kv_bytes() == first
+    assert torch.equal(short.forward(tokens[6:40]), single[6:40])  # kept its keys, then grew
+    assert target.decoder.capacity > 16
+    short.release()
+    assert target.decoder.capacity == 16 and target.pool.held() == 0
+
+
 def _proposers(draft):
     return {"plain": None, "draft": DraftModel(draft, k=3), "conf": DraftModel(draft, k=4, policy=ConfidenceFloor(0.6)),
             "lookup": PromptLookup(k=3), "hybrid": Hybrid(DraftModel(draft, k=3), PromptLookup(k=3)),

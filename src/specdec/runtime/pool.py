@@ -4,8 +4,11 @@ stretch [base, base + length) and rows of several sequences go through one forwa
 
 A run grows where it lies when the slots after it are free, else moves to a free stretch
 large enough (its keys and values copied); when none is, the cache itself grows (doubling) and
-keeps every slot. A released run's slots serve the next sequence. `limit` bounds the slots all
-runs may hold together (the server's K/V budget)."""
+keeps every slot. A released run's slots serve the next sequence, and the cache gives memory
+back after a burst: once the runs still held end within a quarter of it, it shrinks to twice
+their end (never below the size it started with), so a server's cache follows its load instead
+of keeping its peak. Runs are placed at the lowest free base, so the live ones gather at the
+start. `limit` bounds the slots all runs may hold together."""
 
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ class SlotPool:
     def __init__(self, decoder: Decoder, limit: int | None = None):
         self.decoder, self.limit = decoder, limit
         self._runs: dict[int, tuple[int, int]] = {}  # owner id -> (base, size)
+        self._floor = decoder.capacity  # the cache never shrinks below its first size
 
     def held(self) -> int:
         """Slots the runs hold together."""
@@ -53,7 +57,23 @@ class SlotPool:
         return new
 
     def release(self, owner: object) -> None:
-        self._runs.pop(id(owner), None)
+        if self._runs.pop(id(owner), None) is not None:
+            self._shrink()
+
+    def _shrink(self) -> None:
+        """Give memory back when the runs still held end within a quarter of the cache: it
+        becomes twice their end (a power of two times the first size), their slots kept. The
+        quarter leaves room to grow before the next doubling, so a load that swings by less than
+        4x does not resize the cache back and forth."""
+        end = max((b + s for b, s in self._runs.values()), default=0)
+        capacity = self.decoder.capacity
+        if capacity <= self._floor or 4 * end > capacity:
+            return
+        size = self._floor
+        while size < 2 * end:
+            size *= 2
+        if size < capacity:
+            self.decoder.grow(size, keep=end)
 
     def _check_limit(self, more: int) -> None:
         if self.limit is not None and self.held() + more > self.limit:
