@@ -1,6 +1,6 @@
 """What guesses the next tokens: a draft model, prompt lookup, both (hybrid), a draft's tree, a
-memory of earlier requests (suffix) alone or with the draft; and the policies of adaptive k.
-Each is a specdec.decode.proposal.Proposer."""
+memory of earlier requests (suffix); and the policies of adaptive k. Each is a
+specdec.decode.proposal.Proposer."""
 
 from ..decode.proposal import Proposal, Proposer
 from .draft import DraftModel
