@@ -243,3 +243,28 @@ def test_a_round_that_fails_as_a_whole_runs_its_requests_again_and_ends_them_on_
         ended += scheduler.recover(RuntimeError("round"))
     assert [e.request for e in ended] == again and all(isinstance(e.error, RuntimeError) for e in ended)
     assert scheduler.idle and (target.pool.held(), draft.pool.held()) == held
+
+
+def test_the_arrivals_measurement_drives_the_scheduler_as_it_is(models):
+    """scripts/measure/batch_arrivals.py's wave on the tiny pair (no subclass: the scheduler's
+    on_start hook and its admit/round halves): every request makes its tokens, and the eager
+    variant has a lone request's draft read its whole prompt before its first round."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts/measure/batch_arrivals.py"
+    spec = importlib.util.spec_from_file_location("batch_arrivals", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    target, draft = models
+    plan = lambda running, most, riding: [0] * len(most)  # plain rounds: the draft reads only what it must
+    prompts = [sequence(10 + i, seed=90 + i).tolist() for i in range(3)]
+    for eager in (False, True):
+        scheduler = Scheduler(target, DraftModel(draft, k=3), plan, round_rows=16)
+        requests, add = [], scheduler.add
+        scheduler.add = lambda *args: requests.append(add(*args)) or requests[-1]
+        rate, stall = script._wave(scheduler, prompts, [0.0, 0.0, 0.0], 12, eager)
+        assert rate > 0 and stall >= 0 and scheduler.idle
+        assert [r.decoding.new for r in requests] == [12, 12, 12]
+        # the draft's forwards: the prompt's first token, and (eager, the lone first request) the rest
+        assert [r.decoding.drafter.calls for r in requests] == [2 if eager else 1, 1, 1]
