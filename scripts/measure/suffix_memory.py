@@ -4,7 +4,7 @@ with a fresh proposer; the memory methods first learn request 1's prompt and ans
 a server's proposer would have. Paired: every repetition runs all methods, in rotated order, the
 first repetition discarded as warm-up; medians. Greedy, the default pair, int4 target.
 
-    flock /tmp/cpu.lock .venv/bin/python scripts/measure/suffix_memory.py --reps 3 --new 192
+    flock /tmp/cpu.lock .venv/bin/python scripts/measure/suffix_memory.py --reps 4 --new 256 [--fresh]
 """
 
 from __future__ import annotations
@@ -31,6 +31,8 @@ ASK = ("Write a small Python module `inventory.py` with a dataclass `Item` (name
        "a class `Inventory` with methods add_item, remove_item, total_value and most_expensive. Code only.")
 EDIT = ("Rename the class `Inventory` to `Stock` and `total_value` to `value`, and give the whole module "
         "again. Code only.")
+# --fresh: request 2 shares nothing with request 1 (what the memory costs where it cannot help)
+FRESH = "Explain in a few sentences when a Python tuple is a better choice than a list."
 
 
 def cpu_model() -> str:
@@ -44,6 +46,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--reps", type=int, default=3, help="repetitions, the first discarded")
     parser.add_argument("--new", type=int, default=192, help="new tokens per request")
+    parser.add_argument("--fresh", action="store_true", help="request 2 an unrelated question, not the edit")
     args = parser.parse_args()
     torch.set_num_threads(2)
     tokenizer = tokenizer_of(TARGET)
@@ -56,7 +59,7 @@ def main() -> None:
     answer1 = generate(target, prompt1, max_new_tokens=args.new).new_tokens
     second = [*first, {"role": "assistant", "content": tokenizer.decode(answer1, skip_special_tokens=True)},
               {"role": "user", "content": EDIT}]
-    prompt2 = encode_messages(tokenizer, second)
+    prompt2 = encode_messages(tokenizer, [{"role": "user", "content": FRESH}] if args.fresh else second)
     plain2 = None
     rows: dict[str, list[dict]] = {m.label: [] for m in methods}
     for rep in range(args.reps):
