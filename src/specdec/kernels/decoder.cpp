@@ -201,37 +201,34 @@ inline Seen seen(const SdVisible& vis, int64_t r) {
     return {vis.lo[r], vis.prefix[r], vis.prefix[r] + vis.start[r + 1] - vis.start[r], vis.extra + vis.start[r]};
 }
 
-constexpr int64_t kHeadBatch = 8;  // query heads whose dot products with one key run interleaved
+constexpr int64_t kKeyRun = 16;  // keys whose scores with one query head are computed and reduced together
 constexpr int64_t kKeyBlock = 64;  // keys whose values stay in L1 while a head sums them
-// Keys between the one scored and the one prefetched (4 cut a decode row's attention by a quarter
-// at 2K keys; 16, with the values into L2, another 3-15% on the Ice Lake Xeon at 512 and 2K:
-// docs/runtime/attention-prefetch-icelake.json).
-constexpr int64_t kKeysAhead = 16;
 
-// dot(q + g * D, k, D) for the G <= kHeadBatch query vectors side by side at q, each with
-// dot()'s partial sums in dot()'s order (the same bits); interleaving them gives the CPU
-// independent additions to overlap where one dot product alone waits on its own sums.
-template <int G>
-void dots_of(const float* q, const float* k, int64_t D, float* out) {
-    Lanes acc[G] = {};
+// acc[i] = dot()'s kLanes partial sums of q with key k[i], in dot()'s order, for the 16 keys of a run.
+inline void run_dots(const float* q, const float* const* k, int64_t D, Lanes* acc) {
+    for (int i = 0; i < kKeyRun; ++i) acc[i] = Lanes{};
     for (int64_t d = 0; d < D; d += kLanes) {
-        const Lanes key = load(k + d);
-        for (int g = 0; g < G; ++g) acc[g] = acc[g] + load(q + g * D + d) * key;
+        const Lanes x = load(q + d);
+        for (int i = 0; i < kKeyRun; ++i) acc[i] = acc[i] + x * load(k[i] + d);
     }
-    for (int g = 0; g < G; ++g) out[g] = reduce(acc[g]);
 }
 
-void dots(const float* q, int64_t nq, const float* k, int64_t D, float* out) {
-    switch (nq) {
-        case 1: return dots_of<1>(q, k, D, out);
-        case 2: return dots_of<2>(q, k, D, out);
-        case 3: return dots_of<3>(q, k, D, out);
-        case 4: return dots_of<4>(q, k, D, out);
-        case 5: return dots_of<5>(q, k, D, out);
-        case 6: return dots_of<6>(q, k, D, out);
-        case 7: return dots_of<7>(q, k, D, out);
-        default: return dots_of<8>(q, k, D, out);
-    }
+// Lane i = reduce(acc[i]) for 16 accumulators: the same additions in reduce()'s order (halves,
+// quarters, eighths, the last pair), two vectors' partial sums side by side in each step, where
+// reduce() alone spends as many shuffles and adds on one.
+inline Lanes reduce_run(const Lanes* acc) {
+    Lanes b[8], c[4], d[2];
+    for (int i = 0; i < 8; ++i)
+        b[i] = __builtin_shufflevector(acc[2 * i], acc[2 * i + 1], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
+               __builtin_shufflevector(acc[2 * i], acc[2 * i + 1], 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+    for (int i = 0; i < 4; ++i)
+        c[i] = __builtin_shufflevector(b[2 * i], b[2 * i + 1], 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27) +
+               __builtin_shufflevector(b[2 * i], b[2 * i + 1], 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
+    for (int i = 0; i < 2; ++i)
+        d[i] = __builtin_shufflevector(c[2 * i], c[2 * i + 1], 0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29) +
+               __builtin_shufflevector(c[2 * i], c[2 * i + 1], 2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31);
+    return __builtin_shufflevector(d[0], d[1], 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30) +
+           __builtin_shufflevector(d[0], d[1], 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
 }
 
 thread_local std::vector<Seen> tile_rows;
@@ -304,31 +301,39 @@ void attend_tile(const SdModel& m, const SdLayer& L, const float* qkv, int64_t r
     // Plain pointers: a thread_local's every use in a shared library may be a call.
     float *score_at = scores.data(), *top = tops.data(), *total_at = totals.data();
     const Seen* seen_at = tile_rows.data();
-    for (int64_t j = 0; j < most; ++j)
+    // Scores a run of kKeyRun keys at a time: the run's keys stay in L1 for every row and head of
+    // the tile, and one reduce_run gives a (row, head) its run's 16 scores.
+    for (int64_t j0 = 0; j0 < most; j0 += kKeyRun) {
+        bool prefetched = false;
         for (int64_t r = r0; r < r1; ++r) {
             const Seen& row = seen_at[r - r0];
-            if (j >= row.count) continue;
-            const float* k = keys + row.slot(j) * D;
-            // The CPU's own prefetchers start too late on these streams: the key a few ahead into
-            // L1, its value into L2 for the weighted sum that follows the scores.
-            if (j + kKeysAhead < row.count) {
-                const int64_t ahead = row.slot(j + kKeysAhead) * D;
+            if (j0 >= row.count) continue;
+            const int64_t n = std::min(kKeyRun, row.count - j0);
+            const float* k[kKeyRun];
+            for (int64_t i = 0; i < kKeyRun; ++i) k[i] = keys + row.slot(j0 + (i < n ? i : 0)) * D;  // past n: scored, unused
+            // The CPU's own prefetchers start too late on these streams: the next run's keys into
+            // L1, their values into L2 for the weighted sums that follow the scores (once a run:
+            // a tile's rows share their keys but for a tree's own nodes).
+            for (int64_t j = j0 + kKeyRun; !prefetched && j < std::min(row.count, j0 + 2 * kKeyRun); ++j)
                 for (int64_t d = 0; d < D; d += kLanes) {
-                    __builtin_prefetch(keys + ahead + d);
-                    __builtin_prefetch(values + ahead + d, 0, 2);
+                    __builtin_prefetch(keys + row.slot(j) * D + d);
+                    __builtin_prefetch(values + row.slot(j) * D + d, 0, 2);
                 }
-            }
-            for (int64_t h = h0; h < h1; h += kHeadBatch) {
-                const int64_t nq = std::min(kHeadBatch, h1 - h), pair = (r - r0) * nh + (h - h0);
-                float got[kHeadBatch];
-                dots(qkv + r * width + h * D, nq, k, D, got);
-                for (int64_t g = 0; g < nq; ++g) {
-                    const float score = got[g] * m.attn_scale;
-                    score_at[(pair + g) * most + j] = score;
-                    top[pair + g] = std::fmax(top[pair + g], score);
+            prefetched = true;
+            for (int64_t h = h0; h < h1; ++h) {
+                const int64_t pair = (r - r0) * nh + (h - h0);
+                Lanes acc[kKeyRun];
+                run_dots(qkv + r * width + h * D, k, D, acc);
+                float got[kKeyRun];
+                store(got, reduce_run(acc));
+                for (int64_t i = 0; i < n; ++i) {
+                    const float score = got[i] * m.attn_scale;
+                    score_at[pair * most + j0 + i] = score;
+                    top[pair] = std::fmax(top[pair], score);
                 }
             }
         }
+    }
     // Softmax weights of each (row, head), key by key, in place of its scores.
     for (int64_t r = r0; r < r1; ++r)
         for (int64_t h = h0; h < h1; ++h) {
