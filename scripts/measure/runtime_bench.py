@@ -2,8 +2,11 @@
 decode step against today's path (transformers + QuantLinear through CausalLM), the 0.5B
 draft's step (int4 with the full and a 32768-id head, int3 with the 32768-id head), a step's
 profile, where a forward's time goes by stage over 1-16 rows (`--parts rows`: a block of one
-sequence and one row each of n lanes, target and int3 draft), and optionally paired tok/s of
-plain decoding against draft:k=3 on HumanEval prompts.
+sequence and one row each of n lanes, target and int3 draft; `--sizes` for other row counts),
+prefill tokens/s of a long prompt by stage (`--parts prefill`: the HumanEval prompts' text cut
+to `--prefill-tokens`), and optionally paired tok/s of plain decoding against draft:k=3 on
+HumanEval prompts. `--kernels DIR` builds the native decoder from DIR's decoder.cpp and
+qgemm.cpp instead (another version of the kernels, for an A/B: scripts/measure/prefill_ab.sh).
 Run under the CPU lock:
 
     flock /tmp/cpu.lock env PYTHONPATH=src .venv/bin/python scripts/measure/runtime_bench.py [--parts ...]
@@ -117,6 +120,43 @@ def row_profiles(lm, prompt: torch.Tensor, sizes=(1, 2, 4, 8, 16), repeats: int 
     return out
 
 
+def prefill_profile(lm, prompt: torch.Tensor, repeats: int = 3) -> dict:
+    """Median seconds of a prefill of `prompt` from an empty cache, and ms per stage (the first
+    prefill discarded as warm-up)."""
+    readings = []
+    for at in range(repeats + 1):
+        stage_seconds()
+        began = time.perf_counter()
+        lm.prefill(prompt)
+        wall, stages = time.perf_counter() - began, stage_seconds()
+        if at:
+            readings.append({"wall": wall, **stages})
+    wall = statistics.median(r["wall"] for r in readings)
+    return {"tokens": prompt.numel(), "seconds": [round(r["wall"], 3) for r in readings],
+            "tokens_per_s": prompt.numel() / wall,
+            "stages_ms": {k: round(1e3 * statistics.median(r[k] for r in readings), 1) for k in readings[0]}}
+
+
+def long_prompt(tokenizer, tokens: int) -> torch.Tensor:
+    """The first `tokens` tokens of the HumanEval prompts' text, one after another."""
+    text = "\n".join(p.text for p in read_prompts(dataset_path("humaneval")))
+    ids = tokenizer(text)["input_ids"]
+    if len(ids) < tokens:
+        raise SystemExit(f"--prefill-tokens {tokens}: the HumanEval text has only {len(ids)} tokens")
+    return torch.tensor(ids[:tokens])
+
+
+def use_kernels(folder: Path) -> None:
+    """Build the native decoder from `folder`'s decoder.cpp and qgemm.cpp (before anything loads)."""
+    from specdec import kernels
+    from specdec.runtime.native import decoder
+
+    for name in ("decoder.cpp", "qgemm.cpp"):
+        if not (folder / name).is_file():
+            raise SystemExit(f"--kernels {folder}: no {name} there (copy both from a checkout of the version to time)")
+    kernels.SOURCE, decoder.SOURCE = folder.resolve() / "qgemm.cpp", folder.resolve() / "decoder.cpp"
+
+
 def humaneval(tokenizer, count: int) -> list[torch.Tensor]:
     prompts = read_prompts(dataset_path("humaneval"))[:count]
     return [torch.tensor(encode_prompt(tokenizer, p.text)) for p in prompts]
@@ -141,14 +181,21 @@ def tok_per_s(target, draft, prompts: list[torch.Tensor], new: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--parts", nargs="+", default=["bandwidth", "target", "draft", "profile"],
-                        choices=["bandwidth", "target", "draft", "profile", "rows", "toks"])
+                        choices=["bandwidth", "target", "draft", "profile", "rows", "prefill", "toks"])
+    parser.add_argument("--sizes", default="1,2,4,8,16", help="row counts of --parts rows, comma-separated")
+    parser.add_argument("--prefill-tokens", type=int, default=2000)
+    parser.add_argument("--repeats", type=int, default=3, help="prefills timed per model (after one warm-up)")
+    parser.add_argument("--kernels", type=Path, help="a folder with another decoder.cpp and qgemm.cpp to build")
     parser.add_argument("--prompts", type=int, default=3)
     parser.add_argument("--new", type=int, default=64)
     parser.add_argument("--out", default="/tmp/runtime_bench.json")
     args = parser.parse_args()
+    if args.kernels:
+        use_kernels(args.kernels)
+    sizes = tuple(int(n) for n in args.sizes.split(","))
     tokenizer = load_tokenizer(TARGET)
     prompt = humaneval(tokenizer, 1)[0]
-    report: dict = {"cpu": cpu(), "prompt_tokens": prompt.numel()}
+    report: dict = {"cpu": cpu(), "prompt_tokens": prompt.numel(), "kernels": str(args.kernels or "specdec's")}
     if "bandwidth" in args.parts:
         report["read_GBps"] = bandwidth()
     target = load_gguf(TARGET, "int4")
@@ -165,8 +212,10 @@ def main() -> None:
     if "profile" in args.parts:
         report["profile_target"] = profile(target, prompt)
     if "rows" in args.parts:
-        report["rows_target"] = row_profiles(target, prompt)
-    if {"draft", "rows", "toks"} & set(args.parts):
+        report["rows_target"] = row_profiles(target, prompt, sizes)
+    if "prefill" in args.parts:
+        report["prefill_target"] = prefill_profile(target, long_prompt(tokenizer, args.prefill_tokens), args.repeats)
+    if {"draft", "rows", "prefill", "toks"} & set(args.parts):
         draft = load_gguf(DRAFT, "int4")
         keep = frequent_tokens(bundled_text_tokens(tokenizer), 32768, draft.vocab_size, tokenizer.all_special_ids)
         small = load_gguf(DRAFT, "int4", head_ids=keep)
@@ -179,8 +228,12 @@ def main() -> None:
                                "weight_bytes": {n: d.weight_bytes() for n, d in drafts.items()}}
             report["profile_draft_32768"] = profile(small, prompt)
             report["profile_draft_int3_32768"] = profile(drafts["draft_int3_32768"], prompt)
+        int3 = load_gguf(DRAFT, "int3", head_ids=keep) if {"rows", "prefill"} & set(args.parts) else None
         if "rows" in args.parts:
-            report["rows_draft_int3_32768"] = row_profiles(load_gguf(DRAFT, "int3", head_ids=keep), prompt)
+            report["rows_draft_int3_32768"] = row_profiles(int3, prompt, sizes)
+        if "prefill" in args.parts:
+            report["prefill_draft_int3_32768"] = prefill_profile(int3, long_prompt(tokenizer, args.prefill_tokens),
+                                                                 args.repeats)
         if "toks" in args.parts:
             report["toks"] = tok_per_s(target, small, humaneval(tokenizer, args.prompts), args.new)
     Path(args.out).write_text(json.dumps(report, indent=1))
