@@ -159,9 +159,11 @@ def test_under_a_plan_the_draft_reads_the_prompt_only_when_its_sequence_first_gu
     for plan, guessed in ((lambda running, most, riding: [0] * len(running), False), (plain_then_guess, True)):
         batch = Batch(target, drafter, plan, round_rows)
         started = [batch.add(p, Options(20, eos_token_id=[])) for p in prompts]
-        assert started[0].draft_lm.length == 1  # alone too: the plan of its first round decides
+        # alone too: the plan of its first round decides (with round_rows its prompt rides in
+        # rounds of its own, the draft starting with its first token)
+        assert started[0].draft_lm.length == (0 if round_rows else 1)
         assert bool(batch.joining) == (round_rows > 0)
-        while batch.joining:  # the others' prompts ride in the first one's rounds
+        while batch.joining:  # the prompts ride in rounds, the others' in the first one's
             assert all(error is None for _, error in batch.step())
         assert all(d.draft_lm.length == 1 for d in started)  # the prompt's first token alone
         while batch.sequences:
@@ -218,7 +220,8 @@ def test_a_prompt_that_joins_is_forwarded_in_chunks_inside_the_running_rounds(mo
     held = target.pool.held()
     batch = Batch(target, drafter, plan, round_rows=rows)
     first = batch.add(prompts[0], Options(30, eos_token_id=[]))
-    assert first.new == 1 and batch.running == [first]
+    assert batch.joining == {first: 0}  # alone, its prompt rides in a round of its own
+    assert batch.step() == [] and first.new == 1 and batch.running == [first]
     joiner = batch.add(prompts[1], Options(30, eos_token_id=[]))
     assert joiner.lm.length == 0 and batch.joining == {joiner: 0} and batch.sequences == [first, joiner]
     lengths = [0]
@@ -236,6 +239,7 @@ def test_a_prompt_that_joins_is_forwarded_in_chunks_inside_the_running_rounds(mo
         assert all(error is None for _, error in batch.step())
     assert [first.result().new_tokens, joiner.result().new_tokens] == want
     batch.add(prompts[0], Options(30, eos_token_id=[]))
+    batch.step()
     leaving = batch.add(prompts[1], Options(30, eos_token_id=[]))
     batch.step()
     assert 0 < leaving.lm.length < rows

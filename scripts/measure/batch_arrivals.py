@@ -111,10 +111,10 @@ def _wave(scheduler: Scheduler, prompts: list[list[int]], offsets: list[float], 
             time.sleep(max(0.0, pending[0][0] - now))
             continue
         scheduler.admit()
-        for d in (r.decoding for r in alone):
-            if eager and d in scheduler.batch.running and d.draft_lm is not None:
-                d.draft_lm.forward(d.prompt[d.draft_lm.length :], last_only=True)
-        alone.clear()
+        for r in [r for r in alone if r.decoding in scheduler.batch.running]:  # its prompt forwarded
+            if eager and r.decoding.draft_lm is not None:
+                r.decoding.draft_lm.forward(r.decoding.prompt[r.decoding.draft_lm.length :], last_only=True)
+            alone.remove(r)
         stall = max(stall, seen())
         scheduler.round()
         stall = max(stall, seen())

@@ -3,9 +3,9 @@ scheduler (decode.scheduler), which decides who runs and with what K/V. Every ro
 guesses, and the guessing steps of all of them run as one draft forward per step; then one
 target forward scores every sequence's block; then each sequence accepts, commits and trims on
 its own (decode.sequence, the same code as one sequence alone). Sequences join between rounds
-and leave when they end. A sequence that arrives while others run can have its prompt forwarded
-in chunks inside their rounds' target forwards (round_rows; where the lanes share one, on the
-native runtime): the rounds go on while it prefills, instead of waiting seconds for its prompt.
+and leave when they end. A sequence's prompt can be forwarded in chunks inside the rounds'
+target forwards (round_rows; where the lanes share one, on the native runtime): the others'
+rounds go on while it prefills, instead of waiting seconds for its prompt.
 
 Each sequence decodes on its own lane of the models (Runtime.lane: its own cache, the same
 weights). On the native runtime the lanes of a model share one forward (NativeLM.forward_lanes)
@@ -27,8 +27,13 @@ import torch
 
 from .interface import Block, Runtime
 from .proposal import Drafting, Proposal, Proposer
-from ..runtime.rows import PREFILL_CHUNK
 from .sequence import Decoding, Options
+
+# Prompt rows a round forwards when no sequence decodes: between such rounds a server sees a
+# client that left and starts a request that arrived (a 3,000-token prompt prefilled in one call
+# held both for 30 s on the default pair). A quarter of runtime.rows.PREFILL_CHUNK: the weights
+# are still read once per 256 prompt tokens.
+ALONE_ROWS = 256
 
 # plan(sequences, most, riding): how many tokens each running sequence guesses this round, each
 # at most `most[i]` (its proposer's k within its room); riding(n): the prompt rows of joining
@@ -64,9 +69,10 @@ class Batch:
         return [*self.running, *self.joining]
 
     def add(self, input_ids: torch.Tensor | Sequence[int], options: Options, slots: int = 256) -> Decoding:
-        """Start a sequence. Alone, it is prefilled now and its first token committed; beside
-        others with round_rows it joins: its prompt rides in the next rounds and its first token
-        comes with the round that forwards the prompt's end. It runs from the round after that
+        """Start a sequence. With round_rows it joins: its prompt rides in the next rounds (beside
+        the others', or in rounds of its own when none decodes, so a caller sees cancellations
+        and arrivals between them) and its first token comes with the round that forwards the
+        prompt's end; without, it is prefilled now and its first token committed. It runs from the round after that
         unless it already ended (then its lanes are freed at once). Under a plan, a sequence's
         draft reads the prompt only when the sequence first guesses (plain under load: never),
         even one that starts alone: its first token comes before the draft's prefill, and by its
@@ -93,11 +99,11 @@ class Batch:
         return d
 
     def _joins(self, d: Decoding) -> bool:
-        """Whether `d` prefills inside the others' rounds: only beside running ones, where the
-        runtime forwards lanes together (its chunks then change no bits: transformers' runtime
-        prefills with another attention than a round's rows), from a fresh cache, and with a
-        draft that needs only the prompt's first token (a plan's)."""
-        return (self.round_rows > 0 and bool(self.sequences) and self.target.shares_forward
+        """Whether `d` prefills in rounds: where the runtime forwards lanes together (its chunks
+        then change no bits: transformers' runtime prefills with another attention than a
+        round's rows), from a fresh cache, and with a draft that needs only the prompt's first
+        token (a plan's)."""
+        return (self.round_rows > 0 and self.target.shares_forward
                 and not d.options.reuse_prefix
                 and (d.drafter is None or self.plan is not None))
 
@@ -162,11 +168,12 @@ class Batch:
         return ended
 
     def _chunks(self, rows: int) -> list[tuple[Decoding, torch.Tensor]]:
-        """This round's prompt chunks of the joining sequences, first come first, beside the
-        running sequences' `rows`."""
+        """This round's prompt chunks of the joining sequences, the fewest rows left first (a
+        short prompt that arrives during a long one's prefill gets its first token in the next
+        round, not after the long prompt), beside the running sequences' `rows`."""
         room = self._room(rows)
         chunks = []
-        for d, done in self.joining.items():
+        for d, done in sorted(self.joining.items(), key=lambda item: _rows(item[0]).numel() - item[1]):
             if room <= 0:
                 break
             chunk = _rows(d)[done : done + room]
@@ -176,8 +183,8 @@ class Batch:
 
     def _room(self, rows: int) -> int:
         """The prompt rows a round takes beside `rows` decode rows: up to round_rows, at least a
-        quarter of it; with none running, nobody waits, so whole prompts (prefill's blocks)."""
-        return max(self.round_rows - rows, self.round_rows // 4) if self.running else PREFILL_CHUNK
+        quarter of it; with none running, ALONE_ROWS."""
+        return max(self.round_rows - rows, self.round_rows // 4) if self.running else max(self.round_rows, ALONE_ROWS)
 
     def _riding(self, rows: int) -> int:
         """The prompt rows a round with `rows` decode rows would carry."""
