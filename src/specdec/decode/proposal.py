@@ -90,3 +90,7 @@ class Proposer(Protocol):
 
     def rollback(self, committed_len: int) -> None:
         """Forget everything past the committed sequence (minus its pending last token)."""
+
+    def finish(self, tokens: torch.Tensor) -> None:
+        """The sequence ended as `tokens` (its prompt and output): a proposer that remembers
+        across requests learns it; the others do nothing."""

@@ -75,6 +75,7 @@ class Decoding:
         if options.max_new_tokens < 1:
             raise SpecdecError(f"max_new_tokens must be >= 1, got {options.max_new_tokens}")
         self.lm, self.drafter, self.options = lm, drafter, options
+        self._taught = False  # whether the proposer has been told how the sequence ended (result)
         self.cfg = options.sampling
         self.prompt = _prompt_tensor(input_ids, lm)
         eos = options.eos_token_id
@@ -176,6 +177,9 @@ class Decoding:
         self.stats.draft_calls = self.drafter.calls if self.drafter is not None else 0
         new = self.seq[self.prompt.numel() : self.length].tolist()
         self.stats.finish(len(new))
+        if self.drafter is not None and not self._taught:  # once, however often the result is read
+            self.drafter.finish(self.seq[: self.length])
+            self._taught = True
         reason = reason or ("stopped" if self.stopped else "eos" if self.ended else "length")
         return GenerationResult(new, reason, self.stats)
 

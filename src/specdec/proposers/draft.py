@@ -119,6 +119,9 @@ class DraftModel:
     def rollback(self, committed_len: int) -> None:
         self.lm.trim(min(self.lm.length, committed_len - 1))
 
+    def finish(self, tokens: torch.Tensor) -> None:
+        pass
+
 
 def guess(logits: torch.Tensor, cfg: SamplingConfig, generator: torch.Generator | None, qs: list[torch.Tensor],
           ids: torch.Tensor | None = None, vocab: int = 0) -> torch.Tensor:
@@ -154,6 +157,9 @@ class OverDraft:
 
     def rollback(self, committed_len: int) -> None:
         self.draft.rollback(committed_len)
+
+    def finish(self, tokens: torch.Tensor) -> None:
+        self.draft.finish(tokens)
 
 
 def _draft_lm(model):

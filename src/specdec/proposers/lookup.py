@@ -60,3 +60,6 @@ class PromptLookup:
 
     def rollback(self, committed_len: int) -> None:
         pass
+
+    def finish(self, tokens: torch.Tensor) -> None:
+        pass
