@@ -1,4 +1,5 @@
-"""specdec: lossless speculative decoding for Hugging Face causal LMs."""
+"""specdec: lossless speculative decoding of language models on the CPU (GGUF files on its own
+runtime, Hugging Face folders on transformers' model), and the measurements that say whether it pays."""
 
 from importlib import import_module
 from typing import TYPE_CHECKING
