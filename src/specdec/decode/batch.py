@@ -72,8 +72,8 @@ class Batch:
         """Start a sequence. With round_rows it joins: its prompt rides in the next rounds (beside
         the others', or in rounds of its own when none decodes, so a caller sees cancellations
         and arrivals between them) and its first token comes with the round that forwards the
-        prompt's end; without, it is prefilled now and its first token committed. It runs from the round after that
-        unless it already ended (then its lanes are freed at once). Under a plan, a sequence's
+        prompt's end; without, it is prefilled now and its first token committed. It runs from
+        the round after that unless it already ended (then its lanes are freed at once). Under a plan, a sequence's
         draft reads the prompt only when the sequence first guesses (plain under load: never),
         even one that starts alone: its first token comes before the draft's prefill, and by its
         first round the plan knows who joined meanwhile (a server's requests sent at once arrive
@@ -84,18 +84,7 @@ class Batch:
         reserves what a request may reach, so its keys never move)."""
         drafter = self.drafter.fork(slots) if self.drafter is not None else None
         d = Decoding(self.target.lane(slots), input_ids, drafter, options)
-        if self._joins(d):
-            self.joining[d] = 0
-            return d
-        try:
-            d.start(prefill_draft=self.plan is None)
-        except BaseException:
-            _release(d)
-            raise
-        if d.finished:
-            _release(d)
-        else:
-            self.running.append(d)
+        self._begin(d)
         return d
 
     def _joins(self, d: Decoding) -> bool:
@@ -114,6 +103,11 @@ class Batch:
         them with its next guesses. On the native runtime every row gets the bits it got the
         first time, so the sequence goes on as if never stopped. One stopped before its first
         token starts as `add` starts it (and may end at once: then it is not running)."""
+        self._begin(d)
+
+    def _begin(self, d: Decoding) -> None:
+        """`d` joins the rounds where it may, else its rows are forwarded now: a fresh
+        sequence's prompt (its first token committed) or a resumed one's committed tokens."""
         if self._joins(d):
             self.joining[d] = 0
             return
