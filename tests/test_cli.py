@@ -6,7 +6,7 @@ import pytest
 import torch
 from conftest import tiny_model
 
-from specdec import SpecdecError, generate
+from specdec import PromptLookup, SpecdecError, generate
 from specdec.cli import main
 
 PROMPT = "w1 w2 w3 w1 w2 w4"
@@ -132,14 +132,12 @@ def test_nan_logits_are_reported_with_position():
         generate(model, [1, 2, 3, 4], max_new_tokens=4)
 
 
-class InterruptingLookup:
+class InterruptingLookup(PromptLookup):
     """Prompt lookup that is interrupted (Ctrl-C) in its third round."""
 
-    draft_lm, may_lag = None, False
-
     def __init__(self):
-        from specdec import PromptLookup
-        self.inner, self.k, self.calls, self.rounds = PromptLookup(2), 2, 0, 0
+        super().__init__(2)
+        self.rounds = 0
 
     def begin(self, prompt, vocab_size, reuse=False):
         self.rounds = 0
@@ -148,13 +146,7 @@ class InterruptingLookup:
         self.rounds += 1
         if self.rounds == 3:
             raise KeyboardInterrupt
-        return self.inner.propose(seq, k, cfg, generator)
-
-    def observe(self, proposed, accepted):
-        pass
-
-    def rollback(self, committed_len):
-        pass
+        return super().propose(seq, k, cfg, generator)
 
 
 def test_ctrl_c_keeps_what_was_committed(target):

@@ -131,11 +131,13 @@ def test_bad_arguments_say_what_to_do():
         SuffixStore().add([1, -2])
 
 
-def test_method_specs_build_the_memory_and_its_hybrid(target, draft):
+def test_method_specs_build_the_memory_and_its_hybrid(models):
+    # this module's own pair: conftest's session `draft` must be made before its `target` runs
+    # anywhere, which another test on the same worker may already have done
     from specdec.methods.build import Drafts
 
     assert isinstance(build_proposer(parse("suffix:k=8")), SuffixProposer)
-    hybrid = build_proposer(parse("suffix+draft:k=2"), Drafts(draft))
+    hybrid = build_proposer(parse("suffix+draft:k=2"), Drafts(models[1]))
     assert isinstance(hybrid, SuffixHybrid) and hybrid.memory.k == 8 and hybrid.draft.k == 2 and hybrid.k == 8
     with pytest.raises(SpecdecError, match="ngram"):
         parse("suffix:ngram=3")

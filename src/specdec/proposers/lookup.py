@@ -9,13 +9,33 @@ from ..decode.sampling import SamplingConfig
 from ..errors import SpecdecError
 
 
-class PromptLookup:
-    """N-gram match in the prompt and the text so far; proposes nothing when nothing matches.
-    Deterministic, so its q is a point mass on each proposed token."""
+class ModelFree:
+    """What a proposer that runs no model does between its guesses: nothing. Deterministic
+    guesses, so q is a point mass on each, and no draft forward (drafting is settled at once)."""
 
     calls = 0
     draft_lm = None
     may_lag = False
+
+    def begin(self, prompt: torch.Tensor, vocab_size: int, reuse: bool = False) -> None:
+        pass
+
+    def drafting(self, seq: torch.Tensor, k: int, cfg: SamplingConfig, generator: torch.Generator | None) -> Drafting:
+        """propose's guesses as a conversation that needs no draft forward."""
+        return settled(self.propose(seq, k, cfg, generator))
+
+    def observe(self, proposed: int, accepted: int) -> None:
+        pass
+
+    def rollback(self, committed_len: int) -> None:
+        pass
+
+    def finish(self, tokens: torch.Tensor) -> None:
+        pass
+
+
+class PromptLookup(ModelFree):
+    """N-gram match in the prompt and the text so far; proposes nothing when nothing matches."""
 
     def __init__(self, k: int = 8, max_ngram: int = 3):
         if k < 1:
@@ -26,9 +46,6 @@ class PromptLookup:
 
     def fork(self, slots: int = 256) -> PromptLookup:
         return self  # nothing of a sequence is kept between rounds
-
-    def begin(self, prompt: torch.Tensor, vocab_size: int, reuse: bool = False) -> None:
-        pass
 
     def propose(
         self, seq: torch.Tensor, k: int, cfg: SamplingConfig, generator: torch.Generator | None
@@ -50,16 +67,3 @@ class PromptLookup:
         full = starts[starts + k <= seq.numel()]
         start = int(full[-1]) if full.numel() else int(starts[0])
         return seq[start : start + k]
-
-    def drafting(self, seq: torch.Tensor, k: int, cfg: SamplingConfig, generator: torch.Generator | None) -> Drafting:
-        """propose's guesses as a conversation that needs no draft forward."""
-        return settled(self.propose(seq, k, cfg, generator))
-
-    def observe(self, proposed: int, accepted: int) -> None:
-        pass
-
-    def rollback(self, committed_len: int) -> None:
-        pass
-
-    def finish(self, tokens: torch.Tensor) -> None:
-        pass
