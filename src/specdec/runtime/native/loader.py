@@ -8,6 +8,8 @@ from __future__ import annotations
 import ctypes
 import sys
 import time
+from collections.abc import Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
@@ -16,16 +18,16 @@ from ...decoder_config import DecoderConfig, decoder_config
 from ...errors import SpecdecError
 from . import NATIVE_MODES
 from .decoder import Decoder
-from .decoder_weights import DecoderWeights, assemble, build, layer_weights
+from .decoder_weights import DecoderWeights, LayerWeights, assemble, build, layer_weights
 from .native_lm import NativeLM
 from .rotary import rotary_tables
-from .stored_weights import load_weights, save_weights
+from .stored_weights import load_weights, save_layers
 from .weight_source import HEAD, layer, outside_layers, read_gguf, read_model
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
-STORED_FORMAT = 3  # version of what stored.save_weights writes and of read_gguf's forms
+STORED_FORMAT = 3  # version of what stored_weights.save_layers writes and of read_gguf's forms
 CAPACITY = 4096  # cache slots to start with (28 layers x 256 floats x 2 x 4 B = 235 MiB for the 1.5B); grown on demand
 
 
@@ -66,25 +68,34 @@ def store_gguf(name_or_path: str, mode: str = "int4"):
     path = gguf_path(name_or_path)
     folder, model = prepared(path)  # shapes and end ids; refuses what it cannot run before any weight
 
-    def make() -> tuple[DecoderWeights, object]:
-        """Read and packed a layer at a time: the decoded blocks of all layers at once would
-        double the conversion's memory."""
+    def convert(file: Path) -> None:
+        """Read, packed and written a layer at a time (stored_weights.save_layers), each layer's
+        GGUF pages released after it, and the embedding and head last: holding every packed layer
+        until the write, beside the GGUF's pages, peaked at 4.6 GB for the default pair."""
         print(f"specdec: reading {path.name}'s weights for the native runtime ({mode}; seconds to a minute, once)",
               file=sys.stderr)
         reader = open_reader(path)
-        outside = read_gguf(reader, model.config, mode, outside_layers)
-        layers = []
-        for i in tqdm(range(model.config.layers), desc=f"reading {path.name}", unit="layer", leave=False):
-            part = read_gguf(reader, model.config, mode, layer(i))
-            layers.append(layer_weights(part, i))
-            outside.forms.update(part.forms)
+        forms: dict[str, str] = {}
+
+        def layers() -> Iterator[LayerWeights]:
+            for i in tqdm(range(model.config.layers), desc=f"reading {path.name}", unit="layer", leave=False):
+                part = read_gguf(reader, model.config, mode, layer(i))
+                forms.update(part.forms)
+                release_pages(reader)
+                yield layer_weights(part, i)
+
+        def outside() -> tuple[DecoderWeights, object]:
+            rest = read_gguf(reader, model.config, mode, outside_layers)
             release_pages(reader)
-        return assemble(model.config, layers, outside, mode), outside.linears[HEAD]
+            rest.forms.update(forms)  # the embedding's and head's forms first, as the file always listed them
+            return assemble(model.config, [], rest, mode), rest.linears[HEAD]
+
+        save_layers(layers(), outside, file)
 
     store = folder / f"native-{mode}"
     made = []
-    cached(store, {"mode": mode, "format": STORED_FORMAT}, lambda: made.append(1) or make(),
-           lambda value, file, _: save_weights(*value, file), lambda file: None)
+    cached(store, {"mode": mode, "format": STORED_FORMAT}, lambda: made.append(1) or convert,
+           lambda write, file, _: write(file), lambda file: None)
     if made:
         _return_freed_memory()
     return store / WEIGHTS, model

@@ -10,6 +10,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import mmap
+import shutil
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -28,22 +30,33 @@ _DTYPES = {"F32": torch.float32, "U8": torch.uint8, "I8": torch.int8, "I32": tor
 
 def save_weights(weights: DecoderWeights, head: Q4Weight | Q8Weight, path: Path) -> None:
     """`weights` (with its full head) and the head's unpacked form in one file at `path`."""
-    tensors: dict[str, torch.Tensor] = {}
-    layout: dict = {"layers": [], "mode": weights.mode, "origin": weights.origin, "forms": weights.forms}
-    for i, layer in enumerate(weights.layers):
-        entry = {}
-        for name in _LINEARS:
-            entry[name] = _put_linear(tensors, f"layers.{i}.{name}", getattr(layer, name))
-        for name in _NORMS:
-            if getattr(layer, name) is not None:
-                tensors[f"layers.{i}.{name}"] = getattr(layer, name)
-        layout["layers"].append(entry)
-    tensors["final_norm"] = weights.final_norm
-    layout["head"] = _put_linear(tensors, "head", weights.head)
-    layout["embedding"] = _put_table(tensors, "embedding", weights.embedding)
-    tied = head is weights.embedding
-    layout["head_source"] = "embedding" if tied else _put_table(tensors, "head_source", head)
-    _write(tensors, path, {"layout": json.dumps(layout)})
+    save_layers(iter(weights.layers), lambda: (weights, head), path)
+
+
+def save_layers(layers: Iterator[LayerWeights], outside: Callable[[], tuple[DecoderWeights, Q4Weight | Q8Weight]],
+                path: Path) -> None:
+    """What save_weights writes, each layer written as `layers` yields it and dropped before the
+    next is made, then `outside()`: the weights with the embedding, final norm and head (its
+    `layers` unread) and the head's unpacked form. A conversion then holds one layer, never the
+    whole packed model (1.2 GB for the 1.5B target) beside the GGUF it reads."""
+    with _Writer(path) as writer:
+        entries = [_put_layer(writer, i, layer) for i, layer in enumerate(layers)]
+        weights, head = outside()
+        layout: dict = {"layers": entries, "mode": weights.mode, "origin": weights.origin, "forms": weights.forms}
+        writer.add("final_norm", weights.final_norm)
+        layout["head"] = _put_linear(writer, "head", weights.head)
+        layout["embedding"] = _put_table(writer, "embedding", weights.embedding)
+        tied = head is weights.embedding
+        layout["head_source"] = "embedding" if tied else _put_table(writer, "head_source", head)
+        writer.finish({"layout": json.dumps(layout)})
+
+
+def _put_layer(writer: _Writer, i: int, layer: LayerWeights) -> dict:
+    entry = {name: _put_linear(writer, f"layers.{i}.{name}", getattr(layer, name)) for name in _LINEARS}
+    for name in _NORMS:
+        if getattr(layer, name) is not None:
+            writer.add(f"layers.{i}.{name}", getattr(layer, name))
+    return entry
 
 
 def load_weights(path: Path, cfg: DecoderConfig, head_ids: torch.Tensor | None) -> DecoderWeights:
@@ -66,31 +79,58 @@ def load_weights(path: Path, cfg: DecoderConfig, head_ids: torch.Tensor | None) 
 _NAMES = {dtype: name for name, dtype in _DTYPES.items()}
 
 
-def _write(tensors: dict[str, torch.Tensor], path: Path, metadata: dict[str, str]) -> None:
+class _Writer:
     """A safetensors file written a tensor at a time (safetensors' own writer first copies every
-    tensor into bytes: another gigabyte for the 1.5B model); _mapped reads it back."""
-    header, offset = {"__metadata__": metadata}, 0
-    for name, t in tensors.items():
+    tensor into bytes: another gigabyte for the 1.5B model); _mapped reads it back. The header,
+    which comes first, is known only at the end: the data goes to a file beside `path` and is
+    copied behind the header by finish(); a writer left unfinished removes both."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.data_path = path, path.with_name(path.name + ".data")
+        self.entries: dict[str, dict] = {}
+        self.offset = 0
+        self.data = open(self.data_path, "wb")
+
+    def __enter__(self) -> _Writer:
+        return self
+
+    def __exit__(self, kind, *_) -> None:
+        self.data.close()
+        self.data_path.unlink(missing_ok=True)
+        if kind is not None:
+            self.path.unlink(missing_ok=True)
+
+    def add(self, name: str, t: torch.Tensor) -> None:
+        if name in self.entries:
+            raise ValueError(f"tensor {name} written twice")
         size = t.numel() * t.element_size()
-        header[name] = {"dtype": _NAMES[t.dtype], "shape": list(t.shape), "data_offsets": [offset, offset + size]}
-        offset += size
-    text = json.dumps(header).encode()
-    text += b" " * (-len(text) % 8)  # the data starts 8-byte aligned
-    with open(path, "wb") as f:
-        f.write(len(text).to_bytes(8, "little"))
-        f.write(text)
-        for t in tensors.values():
-            if t.numel():
-                f.write(memoryview(t.contiguous().view(torch.uint8).reshape(-1).numpy()))
+        self.entries[name] = {"dtype": _NAMES[t.dtype], "shape": list(t.shape),
+                              "data_offsets": [self.offset, self.offset + size]}
+        self.offset += size
+        if size:
+            self.data.write(memoryview(t.contiguous().view(torch.uint8).reshape(-1).numpy()))
+
+    def finish(self, metadata: dict[str, str]) -> None:
+        """The header, then the data written so far."""
+        self.data.close()
+        text = json.dumps({"__metadata__": metadata, **self.entries}).encode()
+        text += b" " * (-len(text) % 8)  # the data starts 8-byte aligned
+        with open(self.path, "wb") as f, open(self.data_path, "rb") as data:
+            f.write(len(text).to_bytes(8, "little"))
+            f.write(text)
+            shutil.copyfileobj(data, f, _COPY_BYTES)
 
 
-def _put_linear(tensors: dict, at: str, linear: Linear) -> list[dict]:
+_COPY_BYTES = 1 << 24  # the buffer copying the data behind the header
+
+
+def _put_linear(writer: _Writer, at: str, linear: Linear) -> list[dict]:
     parts = []
     for j, (packed, bias) in enumerate(zip(linear.parts, linear.biases)):
         for field in ("codes", "subs", "supers"):
-            tensors[f"{at}.{j}.{field}"] = getattr(packed, field)
+            writer.add(f"{at}.{j}.{field}", getattr(packed, field))
         if bias is not None:
-            tensors[f"{at}.{j}.bias"] = bias
+            writer.add(f"{at}.{j}.bias", bias)
         parts.append({"bits": packed.bits, "per_super": packed.per_super, "zero": packed.zero, "bias": bias is not None})
     return parts
 
@@ -101,12 +141,13 @@ def _get_linear(tensors: dict, at: str, parts: list[dict]) -> Linear:
     return Linear(packed, [tensors[f"{at}.{j}.bias"] if p["bias"] else None for j, p in enumerate(parts)])
 
 
-def _put_table(tensors: dict, at: str, table: Q4Weight | Q8Weight | torch.Tensor) -> dict:
+def _put_table(writer: _Writer, at: str, table: Q4Weight | Q8Weight | torch.Tensor) -> dict:
     if isinstance(table, torch.Tensor):
-        tensors[at] = table
+        writer.add(at, table)
         return {"kind": "dense"}
     fields = tensor_fields(table)
-    tensors |= {f"{at}.{f}": getattr(table, f) for f in fields}
+    for f in fields:
+        writer.add(f"{at}.{f}", getattr(table, f))
     plain = {f.name: getattr(table, f.name) for f in dataclasses.fields(table) if f.name not in fields}
     return {"kind": type(table).__name__, "plain": plain}
 

@@ -15,6 +15,7 @@ splitting a GGUF's blocks takes 15-45 s where the saved file maps in a blink.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,7 +30,7 @@ from ...decoder_config import DecoderConfig
 from ...errors import SpecdecError
 from ...quant.gguf_source import EXACT, decode_exact, linear_weights, rows_unpermuted
 from ...quant.model_weights import Quantized, quantize_weights
-from ...quant.weights import Q4Weight, Q8Weight, q3_rtn, q4_rtn, q8_rtn
+from ...quant.weights import Q4Weight, Q8Weight, q3_rtn, q4_rtn, q8_rtn, stacked, tensor_fields
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -86,21 +87,39 @@ def _in_mode(decoded: Q4Weight | Q8Weight | torch.Tensor, kind: str, mode: str, 
              ) -> tuple[Q4Weight | Q8Weight, str]:
     """A decoded GGUF tensor in the form `mode` asks, and a note of what was done."""
     if mode == "int3":
-        dense = decoded if isinstance(decoded, torch.Tensor) else decoded.dequantize()
         if name == HEAD:
-            return q4_rtn(dense, 32), f"Q4 rounded from {kind}"
-        return q3_rtn(dense), f"Q3 rounded from {kind}"
+            return _rounded(decoded, lambda rows: q4_rtn(rows, 32)), f"Q4 rounded from {kind}"
+        return _rounded(decoded, q3_rtn), f"Q3 rounded from {kind}"
     if isinstance(decoded, Q8Weight):
         return decoded, f"Q8 = {kind} (exact)"
     if isinstance(decoded, Q4Weight):
         if mode == "int4":
             return decoded, f"Q{decoded.bits} = {kind} (exact)"
-        return q8_rtn(decoded.dequantize()), f"Q8 rounded from {kind}"
+        return _rounded(decoded, q8_rtn), f"Q8 rounded from {kind}"
     if mode == "int4":
         raise SpecdecError(f"{name}: a {kind} linear weight, which specdec's native runtime cannot run exactly "
                            "(it keeps Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K); use --runtime hf, "
                            "or --draft-quant int3 for a draft")
-    return q8_rtn(decoded), f"Q8 rounded from {kind}"
+    return _rounded(decoded, q8_rtn), f"Q8 rounded from {kind}"
+
+
+_ROUND_ROWS = 8192  # rows rounded at once: a whole tied head's float32 form and its rounding's temporaries took 3 GB
+
+
+def _rounded(decoded: Q4Weight | Q8Weight | torch.Tensor, rounding: Callable[[torch.Tensor], Q4Weight | Q8Weight]
+             ) -> Q4Weight | Q8Weight:
+    """`rounding` of the float weight `decoded` stands for, a chunk of rows at a time: every
+    rounding here works row by row, so the result is the whole tensor's bit for bit."""
+    rows = decoded.shape[0] if isinstance(decoded, torch.Tensor) else decoded.codes.shape[0]
+    parts = [rounding(_float_rows(decoded, at, at + _ROUND_ROWS)) for at in range(0, rows, _ROUND_ROWS)]
+    return parts[0] if len(parts) == 1 else stacked(parts)
+
+
+def _float_rows(decoded: Q4Weight | Q8Weight | torch.Tensor, start: int, end: int) -> torch.Tensor:
+    if isinstance(decoded, torch.Tensor):
+        return decoded[start:end]
+    return dataclasses.replace(decoded, **{f: getattr(decoded, f)[start:end] for f in tensor_fields(decoded)}
+                               ).dequantize()
 
 
 def read_gguf(path: Path | GGUFReader, cfg: DecoderConfig, mode: str, keep: Keep = everything) -> SourceWeights:
