@@ -1,4 +1,4 @@
-"""Several sequences in one forward (runtime.native.native_lm.NativeLM.forward_lanes, runtime.pool) and
+"""Several sequences in one forward (runtime.native.native_lm.NativeLM.forward_lanes, runtime.native.slot_pool) and
 continuous batching (decode.batch): every row of a multi-sequence forward equals the row computed
 alone, the slot pool's runs move and grow without losing a bit, and a batch's greedy outputs
 equal each prompt generated alone, bit for bit, with every proposer, as sequences join and leave."""

@@ -34,7 +34,7 @@ from .proposal import Proposer
 from .sequence import Decoding, GenerationResult, Options
 
 # Positions a request claims at a time (at most the whole budget); vLLM's blocks are 16. A claim
-# is bookkeeping: the runtime's cache grows on its own (runtime.pool), so a chunk only sets how
+# is bookkeeping: the runtime's cache grows on its own (runtime.native.slot_pool), so a chunk only sets how
 # finely the budget is shared.
 KV_CHUNK = 64
 FAILURES = 2  # failed rounds a request survives, but the last (Scheduler.recover)

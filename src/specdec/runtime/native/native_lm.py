@@ -10,7 +10,7 @@ from collections.abc import Sequence
 import torch
 
 from ...errors import SpecdecError
-from ..pool import SlotPool
+from .slot_pool import SlotPool
 from ..rows import PREFILL_CHUNK, shared_prefix, tree_layout
 from .decoder import Decoder, Rows
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import torch
 
-from ..errors import SpecdecError
-from .native.decoder import Decoder
+from ...errors import SpecdecError
+from .decoder import Decoder
 
 _LONG = torch.long
 
