@@ -4,6 +4,7 @@ memory's bound, and lossless decoding through specdec.generate (tiny float32 mod
 import math
 from collections import Counter
 
+import httpx
 import numpy as np
 import pytest
 import torch
@@ -243,3 +244,22 @@ def test_both_are_proposers_and_so_are_their_forks(models):
     for proposer in (SuffixProposer(4), SuffixHybrid(DraftModel(draft, 2), SuffixProposer(8))):
         assert isinstance(proposer, Proposer) and isinstance(proposer.fork(32), Proposer)
         assert proposer.fork(32).draft_lm is not proposer.draft_lm or proposer.draft_lm is None
+
+
+def test_the_server_remembers_what_it_answered(tmp_path):
+    """`specdec serve --proposer suffix:k=8` on the tiny GGUF pair: the server builds its proposer
+    once and forks it per request, and every finished request teaches the shared memory, so the
+    same request sent again is guessed from its first answer (nearly every guess accepted), with
+    the same text."""
+    from serve_native import start_native, stop
+
+    served = start_native(tmp_path, "--proposer", "suffix:k=8", "--no-plan")
+    try:
+        body = {"model": served.name, "prompt": [5, 9, 14, 3, 7, 22], "max_tokens": 40, "temperature": 0,
+                "ignore_eos": True}
+        first, second = (httpx.post(f"{served.url}/v1/completions", json=body, timeout=60).json() for _ in range(2))
+    finally:
+        stop(served)
+    assert second["choices"][0]["text"] == first["choices"][0]["text"]
+    accepted = [reply["timings"]["draft_n_accepted"] for reply in (first, second)]
+    assert accepted[1] >= 30 > accepted[0], accepted
