@@ -13,19 +13,42 @@ from pathlib import Path
 
 from ..errors import SpecdecError
 from ..files import cache_root
+from ..machine import cpu_flags
 from .server_process import ServerProcess, free_port
 
 START_TIMEOUT_S = 120.0
 
 
-def binary() -> Path:
-    """The newest llama-server in the cache (SPECDEC_LLAMA_SERVER names another)."""
-    if os.environ.get("SPECDEC_LLAMA_SERVER"):
+def builds(tool: str = "llama-server") -> list[Path]:
+    """The cached builds of `tool` (llama-server, llama-bench) that this CPU can run, best first:
+    the build for this CPU (the most instruction sets its BUILD_INFO `requires:`) before the
+    x86-64-v3 one, then the newest. A build needing a set this CPU lacks (a cache restored onto
+    another machine) is left out: it would die of SIGILL."""
+    have = cpu_flags()
+    usable = [(len(need), path.stat().st_mtime, path)
+              for path in (cache_root() / "llama-server").glob(f"*/{tool}")
+              if (need := _required_flags(path.parent)) <= have]
+    return [path for *_, path in sorted(usable, key=lambda item: item[:2], reverse=True)]
+
+
+def binary(tool: str = "llama-server") -> Path:
+    """The best llama-server (or llama-bench) for this CPU in the cache; SPECDEC_LLAMA_SERVER
+    names another llama-server."""
+    if tool == "llama-server" and os.environ.get("SPECDEC_LLAMA_SERVER"):
         return Path(os.environ["SPECDEC_LLAMA_SERVER"])
-    built = sorted((cache_root() / "llama-server").glob("*/llama-server"), key=lambda p: p.stat().st_mtime)
-    if not built:
-        raise SpecdecError("llama-server is not built: run bash scripts/setup_llama_server.sh")
-    return built[-1]
+    found = builds(tool)
+    if not found:
+        raise SpecdecError(f"{tool} is not built for this CPU: run bash scripts/setup_llama_server.sh")
+    return found[0]
+
+
+def _required_flags(build: Path) -> set[str]:
+    """The /proc/cpuinfo flags a build was compiled for; none for a build older than the record."""
+    try:
+        lines = (build / "BUILD_INFO").read_text().splitlines()
+    except OSError:
+        return set()
+    return next((set(line.split(":", 1)[1].split()) for line in lines if line.startswith("requires:")), set())
 
 
 class LlamaServer:
