@@ -11,7 +11,9 @@ import torch
 
 from ..runtime.choose import runtime_of
 from .interface import Runtime
+from ..errors import SpecdecError
 from .proposal import Proposer
+from .rules import LogitsRule
 from .sampling import SamplingConfig
 from .sequence import (
     CommitCallback,
@@ -54,6 +56,7 @@ def generate(
     check: bool = False,
     reuse_prefix: bool = False,
     plan: Plan | None = None,
+    rules: Sequence[LogitsRule] = (),
 ) -> GenerationResult | list[GenerationResult]:
     """Generate up to `max_new_tokens` tokens from `target`, speculatively when `drafter` is
     given; the output is the target's own (greedy: same tokens; sampling: same distribution).
@@ -71,11 +74,17 @@ def generate(
     `check=True` also asserts every cache layer's length each round (debug mode).
     `reuse_prefix=True` keeps the part of a passed-in runtime's (and the draft's) cache that
     already holds the prompt's prefix, so runs over one long context prefill it once.
+    `rules` (decode.rules: decode.penalties' penalties and logit_bias, a grammar's mask) change
+    every row of logits before a token is chosen from it, the target's and the draft's alike;
+    built for one prompt (a rule may hold its state).
     """
     options = Options(max_new_tokens, SamplingConfig(temperature, top_k, top_p, min_p), seed, eos_token_id,
-                      on_commit, on_target_logits, check, reuse_prefix)
+                      on_commit, on_target_logits, check, reuse_prefix, tuple(rules))
     lm = runtime_of(target)
     if _several(input_ids):
+        if rules:
+            raise SpecdecError("rules belong to one prompt (they may hold its state): generate the prompts one by "
+                               "one, or give each its own rules through a decode.scheduler.Scheduler's options")
         from .scheduler import decode_together
 
         return decode_together(lm, input_ids, drafter, options, plan)

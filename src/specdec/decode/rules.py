@@ -32,7 +32,8 @@ class LogitsRule(Protocol):
 
 
 def apply_rules(rules: Sequence[LogitsRule], logits: torch.Tensor, tokens: torch.Tensor, first: int) -> torch.Tensor:
-    """Every rule in order (penalties before bias before a grammar's mask, as llama.cpp chains them)."""
+    """Every rule in order: logit_bias, then penalties (as llama.cpp's and vLLM's samplers order
+    them: decode.penalties), then a grammar's mask."""
     for rule in rules:
         logits = rule.apply(logits, tokens, first)
     return logits

@@ -27,7 +27,9 @@ import torch
 
 from ..errors import SpecdecError
 from .interface import Runtime
-from .proposal import Drafting, Proposal, Proposer
+from .proposal import Drafting, Proposal, Proposer, drive
+from .ruled import rule_block, rule_rows, ruled_drafting
+from .rules import LogitsRule
 from .sampling import SamplingConfig, pick
 from .stats import GenerationStats, PhaseClock
 from .verify import Verdict, verify_greedy, verify_sampling
@@ -63,6 +65,9 @@ class Options:
     on_target_logits: LogitsCallback | None = None
     check: bool = False
     reuse_prefix: bool = False
+    # Per-row logits rules (decode.rules: penalties, logit_bias, a grammar's mask), built for this
+    # generation alone since a rule may keep state; () changes nothing and costs nothing.
+    rules: tuple[LogitsRule, ...] = ()
 
 
 class Decoding:
@@ -113,6 +118,8 @@ class Decoding:
         """Commit the target's first token from `last`, the prompt's last logits row [1, vocab],
         once the target's cache holds the prompt (start's prefill, or a batch that forwarded it
         in chunks beside other sequences' rounds); the draft starts as start says."""
+        if self.options.rules:
+            last = rule_rows(self.options.rules, last, self.seq[: self.length], self.length)
         first = pick(last[0], self.cfg, self.generator)
         if self.drafter is not None:
             self.drafter.begin(self.prompt if prefill_draft else self.prompt[:1], self.lm.vocab_size,
@@ -136,10 +143,18 @@ class Decoding:
         self._asked, self._calls = k, self.drafter.calls if k else 0
         if not k:
             return None
-        return self.drafter.drafting(self.seq[: self.length], k, self.cfg, self.generator)
+        seq = self.seq[: self.length]
+        steps = self.drafter.drafting(seq, k, self.cfg, self.generator)
+        if not self.options.rules:
+            return steps
+        lm = self.draft_lm if self.draft_lm is not None else self.lm  # a model-free drafting sends no row
+        return ruled_drafting(steps, self.options.rules, seq, self.lm.vocab_size, lm.head_ids)
 
     def propose(self, k: int) -> Proposal:
         """This round's guesses, the proposer running its own draft forwards."""
+        if k and self.options.rules and self.draft_lm is not None:  # the draft's rows through the rules
+            with torch.inference_mode():
+                return drive(self.drafting(k), self.draft_lm)
         self._asked, self._calls = k, self.drafter.calls if k else 0
         return self.drafter.propose(self.seq[: self.length], k, self.cfg, self.generator) if k else self.nothing()
 
@@ -160,6 +175,8 @@ class Decoding:
         """Accept against the target's `rows`, commit, and trim both caches to the convention."""
         k = proposal.tokens.numel()
         steps = self.drafter.calls - self._calls if self._asked else 0
+        if self.options.rules:
+            rows = rule_block(self.options.rules, rows, self.seq[: self.length], proposal)
         accepted = self._commit(*_accept(self.lm, rows, proposal, self.cfg, self.generator), rows)
         self.lm.trim(self.length - 1)
         if self.drafter is not None:
