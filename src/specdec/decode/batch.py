@@ -51,15 +51,19 @@ class Batch:
     """The sequences running on `target` with proposals from forks of `drafter` (None: plain)."""
 
     def __init__(self, target: Runtime, drafter: Proposer | None = None, plan: Plan | None = None,
-                 round_rows: int = 0):
+                 round_rows: int = 0, prefix_cache: bool = False):
         """`round_rows`: the rows a round's target forward is filled up to with the prompts of
         sequences that join (at least a quarter of them, however many the running blocks take;
         vLLM's token budget per step); 0: a sequence added beside others is prefilled alone at
         once (the default here: sequences added together, as generate's, have nobody to wait
         for). Chunks keep the running sequences' tokens coming while a prompt is forwarded, at
         the price of the joiner's first token and a little of the work in all (docs/batching.md
-        has the measurements; a server's default: serve.worker.ROUND_ROWS)."""
+        has the measurements; a server's default: serve.worker.ROUND_ROWS).
+        `prefix_cache`: a sequence's lanes start from the longest prefix of its tokens their
+        runtime's prefix cache holds (Runtime.prefixes), and keep their positions there when it
+        ends, unless it failed."""
         self.target, self.drafter, self.plan, self.round_rows = target, drafter, plan, round_rows
+        self.prefix_cache = prefix_cache
         self.running: list[Decoding] = []
         self.joining: dict[Decoding, int] = {}  # sequences being prefilled: prompt rows forwarded so far
 
@@ -84,8 +88,17 @@ class Batch:
         reserves what a request may reach, so its keys never move)."""
         drafter = self.drafter.fork(slots) if self.drafter is not None else None
         d = Decoding(self.target.lane(slots), input_ids, drafter, options)
+        self._seed(d, d.prompt)
         self._begin(d)
         return d
+
+    def _seed(self, d: Decoding, rows: torch.Tensor) -> None:
+        """Start `d`'s lanes (holding nothing) from what their prefix caches hold of `rows`
+        (the prompt, or a resumed sequence's committed tokens but the pending one)."""
+        if self.prefix_cache:
+            d.cached = d.lm.prefixes.start(d.lm, rows)
+            if d.draft_lm is not None and d.draft_lm.prefixes is not None:
+                d.draft_cached = d.draft_lm.prefixes.start(d.draft_lm, rows)
 
     def _joins(self, d: Decoding) -> bool:
         """Whether `d` prefills in rounds: where the runtime forwards lanes together (its chunks
@@ -103,34 +116,36 @@ class Batch:
         them with its next guesses. On the native runtime every row gets the bits it got the
         first time, so the sequence goes on as if never stopped. One stopped before its first
         token starts as `add` starts it (and may end at once: then it is not running)."""
+        self._seed(d, rows_of(d))
         self._begin(d)
 
     def _begin(self, d: Decoding) -> None:
         """`d` joins the rounds where it may, else its rows are forwarded now: a fresh
         sequence's prompt (its first token committed) or a resumed one's committed tokens."""
         if self._joins(d):
-            self.joining[d] = 0
+            self.joining[d] = d.lm.length  # what its lane took from the prefix cache
             return
         try:
             if d.new:
-                d.lm.prefill(_rows(d))
+                d.lm.prefill(rows_of(d), reuse=d.cached > 0)
             else:
                 d.start(prefill_draft=self.plan is None)
         except BaseException:
             _release(d)
             raise
         if d.finished:
-            _release(d)
+            _release(d, self.prefix_cache)
         else:
             self.running.append(d)
 
-    def remove(self, d: Decoding) -> None:
-        """Stop a sequence now (its client went away) and free its lanes."""
+    def remove(self, d: Decoding, keep: bool = True) -> None:
+        """Stop a sequence now (its client went away) and free its lanes, their positions kept
+        in the prefix cache if the batch keeps one and `keep` (False: it failed)."""
         if d in self.running:
             self.running.remove(d)
-            _release(d)
-        elif self.joining.pop(d, None) is not None:
-            _release(d)
+        elif self.joining.pop(d, None) is None:
+            return
+        _release(d, keep and self.prefix_cache)
 
     @torch.inference_mode()
     def step(self) -> list[tuple[Decoding, BaseException | None]]:
@@ -157,8 +172,8 @@ class Batch:
         _lap(running, "accept")
         ended += [(d, None) for d in running if d.finished and all(d is not e for e, _ in ended)]
         ended += self._prefilled(chunks, prompt_rows)
-        for d, _ in ended:
-            self.remove(d)
+        for d, error in ended:
+            self.remove(d, keep=error is None)
         return ended
 
     def _chunks(self, rows: int) -> list[tuple[Decoding, torch.Tensor]]:
@@ -167,10 +182,10 @@ class Batch:
         round, not after the long prompt), beside the running sequences' `rows`."""
         room = self._room(rows)
         chunks = []
-        for d, done in sorted(self.joining.items(), key=lambda item: _rows(item[0]).numel() - item[1]):
+        for d, done in sorted(self.joining.items(), key=lambda item: rows_of(item[0]).numel() - item[1]):
             if room <= 0:
                 break
-            chunk = _rows(d)[done : done + room]
+            chunk = rows_of(d)[done : done + room]
             chunks.append((d, chunk))
             room -= chunk.numel()
         return chunks
@@ -182,7 +197,7 @@ class Batch:
 
     def _riding(self, rows: int) -> int:
         """The prompt rows a round with `rows` decode rows would carry."""
-        return min(self._room(rows), sum(_rows(d).numel() - done for d, done in self.joining.items()))
+        return min(self._room(rows), sum(rows_of(d).numel() - done for d, done in self.joining.items()))
 
     def _prefilled(self, chunks: Sequence[tuple[Decoding, torch.Tensor]],
                    rows: Sequence[torch.Tensor]) -> list[tuple[Decoding, BaseException | None]]:
@@ -192,7 +207,7 @@ class Batch:
         ended: list[tuple[Decoding, BaseException | None]] = []
         for (d, chunk), last in zip(chunks, rows):
             self.joining[d] += chunk.numel()
-            if self.joining[d] < _rows(d).numel():
+            if self.joining[d] < rows_of(d).numel():
                 continue
             del self.joining[d]
             self.running.append(d)
@@ -266,13 +281,16 @@ def _lap(running: Sequence[Decoding], phase: str) -> None:
         d.clock.lap(phase)
 
 
-def _rows(d: Decoding) -> torch.Tensor:
+def rows_of(d: Decoding) -> torch.Tensor:
     """What a joining sequence's target cache must hold before it runs: its prompt, or for a
     resumed one every committed token but the pending one (decode.sequence's convention)."""
     return d.seq[: d.length - 1] if d.new else d.prompt
 
 
-def _release(d: Decoding) -> None:
+def _release(d: Decoding, keep: bool = False) -> None:
+    """Free `d`'s lanes; `keep`: their positions stay in their prefix caches."""
     for lm in (d.lm, d.draft_lm):
-        if lm is not None:
+        if lm is not None and keep and lm.prefixes is not None:
+            lm.prefixes.park(lm)
+        elif lm is not None:
             lm.release()

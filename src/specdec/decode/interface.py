@@ -18,6 +18,32 @@ import torch
 Block = tuple["Runtime", torch.Tensor, bool]  # (lane, tokens, last_only) of Runtime.forward_lanes
 
 
+class PrefixCache(Protocol):
+    """The K/V of ended sequences kept among a model's lanes (runtime.native.prefix_cache), so a
+    lane starts from the longest prefix of its tokens held there instead of forwarding it."""
+
+    def match(self, tokens: torch.Tensor):
+        """Where a lane starting `tokens` would start: `.length` positions reused, `.taken()`
+        of them moved out of the cache's entries."""
+
+    def start(self, lane: Runtime, tokens: torch.Tensor) -> int:
+        """Start `lane` (holding nothing) from the longest held prefix of `tokens` but their last
+        token; the positions it now holds."""
+
+    def park(self, lane: Runtime) -> None:
+        """Give `lane` back keeping its positions as an entry (instead of release)."""
+
+    def held(self) -> int:
+        """Positions the entries hold."""
+
+    def evict(self, positions: int, sparing: torch.Tensor | None = None) -> int:
+        """Drop least recently used entries until `positions` are freed (never the one a lane
+        starting `sparing` would take over); the positions freed."""
+
+    def clear(self) -> None:
+        """Drop every entry."""
+
+
 @runtime_checkable
 class Runtime(Protocol):
     device: torch.device
@@ -38,6 +64,8 @@ class Runtime(Protocol):
     # alone (so a prompt may be forwarded in chunks beside other sequences' rounds); False: it
     # runs one forward per lane.
     shares_forward: bool
+    # The K/V of ended sequences its lanes may start from (None: a runtime without one).
+    prefixes: PrefixCache | None
 
     @property
     def length(self) -> int:

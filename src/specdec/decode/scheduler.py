@@ -15,13 +15,15 @@ cache recomputed from the committed tokens, bit for bit on the native runtime, w
 logits do not depend on the block it is in), and its already-committed tokens are not committed
 again. A request larger than the whole budget is refused when added (room_error), so every
 admitted request fits alone and the oldest always progresses.
+
+With prefix_cache, ended requests' K/V stay as cached entries a request starts from; they count
+within the budget, evicted before anyone is preempted (decode.kv_budget).
 """
 
 from __future__ import annotations
 
 import bisect
 import itertools
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -30,6 +32,7 @@ import torch
 from ..errors import SpecdecError
 from .batch import Batch, Plan
 from .interface import Runtime
+from .kv_budget import KVBudget
 from .proposal import Proposer
 from .sequence import Decoding, GenerationResult, Options
 
@@ -52,6 +55,7 @@ class Request:
     decoding: Decoding | None = None
     preempted: int = 0  # times its lanes were taken back for room
     failures: int = 0  # failed rounds it was in
+    cached: int | None = None  # prompt positions its first start took from the prefix cache (None: no cache)
 
     @property
     def asked(self) -> int:
@@ -73,7 +77,9 @@ class Scheduler:
     """The requests on `target` (proposals from forks of `drafter`, k per round from `plan`).
     `round_rows`: decode.batch.Batch's chunked prefill; `sequences`, `kv_tokens`: the limits
     (None: none); `on_start(request, alone)`: told when a request's Decoding is created (alone:
-    nothing else ran), before its first token; `on_preempt(request)`: when its lanes are taken."""
+    nothing else ran), before its first token; `on_preempt(request)`: when its lanes are taken.
+    `prefix_cache`: lanes start from and end into the runtimes' prefix caches, bounded by
+    `kv_tokens` (where the target has one: Runtime.prefixes)."""
 
     target: Runtime
     drafter: Proposer | None = None
@@ -84,13 +90,22 @@ class Scheduler:
     kv_chunk: int = KV_CHUNK
     on_start: Callable[[Request, bool], None] | None = None
     on_preempt: Callable[[Request], None] | None = None
+    prefix_cache: bool = False
     waiting: list[Request] = field(default_factory=list)
     active: dict[Decoding, Request] = field(default_factory=dict)  # started and holding lanes
 
     def __post_init__(self):
         if self.kv_tokens is not None:
             self.kv_chunk = min(self.kv_chunk, self.kv_tokens)
-        self.batch = Batch(self.target, self.drafter, self.plan, self.round_rows)
+        elif self.prefix_cache:
+            raise ValueError("a prefix cache is bounded by kv_tokens: give both")
+        draft_lm = self.drafter.draft_lm if self.drafter is not None else None
+        caches = [lm.prefixes for lm in (self.target, draft_lm)
+                  if self.prefix_cache and lm is not None and lm.prefixes is not None]
+        self.prefix_cache = bool(caches) and caches[0] is self.target.prefixes
+        self.budget = KVBudget(self.kv_tokens, self.kv_chunk, self.drafter.k if self.drafter is not None else 0,
+                               caches if self.prefix_cache else [])
+        self.batch = Batch(self.target, self.drafter, self.plan, self.round_rows, self.prefix_cache)
         self._orders = itertools.count()
 
     @property
@@ -98,19 +113,15 @@ class Scheduler:
         return not self.waiting and not self.active
 
     def held(self) -> int:
-        """K/V positions the active requests claim together."""
-        return sum(self._claim(r) for r in self.active.values())
+        """K/V positions the active requests claim and the target's cached entries hold together."""
+        return self._running() + self.budget.cached()
+
+    def _running(self) -> int:
+        return sum(self.budget.claim(r) for r in self.active.values())
 
     def room_error(self, prompt_tokens: int, max_new_tokens: int) -> str | None:
         """Why a request of this size can never run here (None: it can, alone at least)."""
-        if self.kv_tokens is None:
-            return None
-        need = self._rounded(prompt_tokens + max_new_tokens)
-        if need <= self.kv_tokens:
-            return None
-        return (f"the prompt ({prompt_tokens} tokens) and max_tokens ({max_new_tokens}) need {need} K/V positions, "
-                f"more than the server's whole budget of {self.kv_tokens} (--kv-tokens): shorten the prompt or "
-                f"lower max_tokens")
+        return self.budget.room_error(prompt_tokens, max_new_tokens)
 
     def add(self, prompt: torch.Tensor | Sequence[int], options: Options, tag: object = None) -> Request:
         """Queue a request (it starts in a later step); SpecdecError if it can never fit."""
@@ -150,13 +161,16 @@ class Scheduler:
                 continue  # passed over, not blocking: a later, smaller request may fit
             self.waiting.remove(request)
             ended += self._start(request)
+        self.budget.bound_drafts()
         return ended
 
     def round(self) -> list[Ended]:
         """One round of the active requests; those that ended in it."""
         if not self.batch.sequences:
             return []
-        return [self._end(d, error) for d, error in self.batch.step()]
+        ended = [self._end(d, error) for d, error in self.batch.step()]
+        self.budget.bound_drafts()
+        return ended
 
     def recover(self, error: BaseException) -> list[Ended]:
         """After a round that failed as a whole (the plan, a shared forward: nothing was
@@ -170,6 +184,7 @@ class Scheduler:
                 ended.append(self._end(request.decoding, error, remove=True))
             else:
                 self._preempt(request, notify=False)
+        self.budget.clear()  # what the failed forward left in the pool is not trusted
         return ended
 
     def drain(self) -> list[Request]:
@@ -195,6 +210,8 @@ class Scheduler:
                 self.batch.resume(d)
         except Exception as error:  # noqa: BLE001 - one request fails, the others go on
             return [Ended(request, None, error)]
+        if request.cached is None and self.prefix_cache:
+            request.cached = d.cached
         if d not in self.batch.sequences:  # it ended with its first token
             return [Ended(request, d.result())]
         self.active[d] = request
@@ -204,27 +221,38 @@ class Scheduler:
         """Preempt the request that asked for the most while the round's growth overflows."""
         if self.kv_tokens is None:
             return
+        self.budget.evict(self.held() - self.kv_tokens)
         while self.held() > self.kv_tokens and len(self.active) > 1:
             self._preempt(max(self.active.values(), key=_weight))
+            self.budget.evict(self.held() - self.kv_tokens)
 
     def _fits(self, request: Request) -> bool:
-        return self.kv_tokens is None or self.held() + self._claim(request) <= self.kv_tokens
+        """Whether `request` fits, cached entries evicted for it where that suffices."""
+        if self.kv_tokens is None or self.held() + self.budget.claim(request) <= self.kv_tokens:
+            return True
+        if not self.prefix_cache or self._running() + self.budget.claim(request) > self.kv_tokens:
+            return False
+        self.budget.evict_for(request, self._running())
+        return True
 
     def _preempt_for(self, request: Request) -> bool:
         """Preempt active requests that asked for more than `request`, the most first, if that
         frees room for it (only larger ones: a request never displaces a smaller or equal one,
-        so two requests cannot take turns preempting each other)."""
-        free, freed = self.kv_tokens - self.held(), []
+        so two requests cannot take turns preempting each other); cached entries count as free
+        room (evicted as needed)."""
+        free, freed = self.kv_tokens - (self._running() if self.prefix_cache else self.held()), []
         for other in sorted((r for r in self.active.values() if _weight(r) > _weight(request)), key=_weight,
                             reverse=True):
-            if free >= self._claim(request):
+            if free >= self.budget.claim(request):
                 break
-            free += self._claim(other)
+            free += self.budget.claim(other)
             freed.append(other)
-        if free < self._claim(request):
+        if free < self.budget.claim(request):
             return False
         for other in freed:
             self._preempt(other)
+        if self.prefix_cache:
+            self.budget.evict_for(request, self._running())
         return True
 
     def _preempt(self, request: Request, notify: bool = True) -> None:
@@ -236,24 +264,6 @@ class Scheduler:
             request.preempted += 1
             if self.on_preempt is not None:
                 self.on_preempt(request)
-
-    def _claim(self, request: Request) -> int:
-        """The positions the target's cache may hold for `request` at the end of this round,
-        rounded up to whole chunks: its committed tokens but the pending one, then a round's
-        block (the pending token and the guesses); one without its first token yet holds its
-        prompt first. Never more than it asked for."""
-        d = request.decoding
-        if d is None or not d.new:
-            positions = len(request.prompt) + 1 + self._guesses()
-        else:
-            positions = d.length + d.guesses()
-        return self._rounded(min(positions, request.asked))
-
-    def _guesses(self) -> int:
-        return self.drafter.k if self.drafter is not None else 0
-
-    def _rounded(self, positions: int) -> int:
-        return math.ceil(positions / self.kv_chunk) * self.kv_chunk
 
     def _end(self, d: Decoding, error: BaseException | None, remove: bool = False) -> Ended:
         request = self.active.pop(d)

@@ -98,6 +98,9 @@ class Decoding:
         self.stopped = False  # on_commit asked to stop
         self.ended = False  # EOS committed or on_commit asked to stop
         self._asked, self._calls = 0, 0  # this round's k and the draft's calls before its proposal
+        # Positions of the prompt the target's and the draft's lanes took from a prefix cache
+        # before the start (decode.batch): kept, not forwarded again.
+        self.cached = self.draft_cached = 0
 
     @property
     def new(self) -> int:
@@ -112,7 +115,8 @@ class Decoding:
         `prefill_draft` False: the draft sees only the prompt's first token now and the rest with
         its first guesses (every drafting feeds what the draft has not seen), so a sequence that
         a batch's plan keeps plain never pays the draft's prefill."""
-        self.begin(self.lm.prefill(self.prompt, reuse=self.options.reuse_prefix)[-1:], prefill_draft)
+        self.begin(self.lm.prefill(self.prompt, reuse=self.options.reuse_prefix or self.cached > 0)[-1:],
+                   prefill_draft)
 
     def begin(self, last: torch.Tensor, prefill_draft: bool = True) -> None:
         """Commit the target's first token from `last`, the prompt's last logits row [1, vocab],
@@ -122,8 +126,9 @@ class Decoding:
             last = rule_rows(self.options.rules, last, self.seq[: self.length], self.length)
         first = pick(last[0], self.cfg, self.generator)
         if self.drafter is not None:
-            self.drafter.begin(self.prompt if prefill_draft else self.prompt[:1], self.lm.vocab_size,
-                               reuse=self.options.reuse_prefix)
+            seen = self.draft_cached
+            self.drafter.begin(self.prompt if prefill_draft else self.prompt[: seen + 1], self.lm.vocab_size,
+                               reuse=self.options.reuse_prefix or seen > 0)
         self.clock.lap("prefill")
         zero = torch.zeros((), dtype=torch.long, device=self.lm.device)
         self._commit(self.seq[:0], zero, first, zero.view(1), last)

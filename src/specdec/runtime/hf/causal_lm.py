@@ -26,6 +26,7 @@ class CausalLM:
     """A causal LM together with one KV cache holding a prefix of the sequence."""
 
     shares_forward = False  # transformers' path has no multi-sequence forward: a lane at a time
+    prefixes = None  # no prefix cache among lanes: reuse_prefix keeps a lane's own
 
     def __init__(self, model: PreTrainedModel, preallocate: bool = True, invariant: bool = True):
         """`preallocate`: the KV cache in buffers written in place (cache.PreallocatedLayer);

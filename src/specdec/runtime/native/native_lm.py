@@ -10,9 +10,10 @@ from collections.abc import Sequence
 import torch
 
 from ...errors import SpecdecError
-from .slot_pool import SlotPool
 from ..rows import PREFILL_CHUNK, shared_prefix, tree_layout
 from .decoder import Decoder, Rows
+from .prefix_cache import Entry, PrefixCache
+from .slot_pool import SlotPool
 
 _LONG = torch.long
 
@@ -27,11 +28,13 @@ class NativeLM:
     shares_forward = True  # forward_lanes: one decoder call for all lanes
 
     def __init__(self, decoder: Decoder, eos_token_ids: Sequence[int], max_positions: int | None,
-                 pool: SlotPool | None = None, slots: int | None = None):
+                 pool: SlotPool | None = None, slots: int | None = None, prefixes: PrefixCache | None = None):
         """A sequence on `decoder`, its keys in a run of the `pool`'s slots (None: a pool of its
-        own) that starts at `slots` slots (None: the decoder's capacity) and doubles on demand."""
+        own, with its prefix cache `prefixes`) that starts at `slots` slots (None: the decoder's
+        capacity) and doubles on demand."""
         self.decoder = decoder
         self.pool = pool if pool is not None else SlotPool(decoder)
+        self.prefixes = prefixes if prefixes is not None else PrefixCache(self.pool)
         self.vocab_size = decoder.head_rows
         self.head_ids = decoder.weights.head_ids  # token id of each logits column, None: column = id
         self.eos_token_ids = tuple(int(t) for t in eos_token_ids)
@@ -47,7 +50,7 @@ class NativeLM:
     def lane(self, slots: int = 256) -> NativeLM:
         """Another sequence on the same weights and cache pool: forward_lanes runs several in
         one forward. Its slots are claimed at its first forward and freed by release()."""
-        return NativeLM(self.decoder, self.eos_token_ids, self.max_positions, self.pool, slots)
+        return NativeLM(self.decoder, self.eos_token_ids, self.max_positions, self.pool, slots, self.prefixes)
 
     def release(self) -> None:
         """Give the sequence's slots back to the pool (a later forward claims new ones)."""
@@ -57,6 +60,39 @@ class NativeLM:
     @property
     def length(self) -> int:
         return self._length
+
+    @property
+    def held_tokens(self) -> torch.Tensor:
+        """The token ids behind the positions held."""
+        return self._held[: self._length]
+
+    @property
+    def run_base(self) -> int:
+        """The pool slot of position 0."""
+        return self._base
+
+    def hand_over(self) -> Entry:
+        """The run of slots and what it holds, handed to a prefix cache's entry (the lane then
+        holds nothing; a later forward claims new slots)."""
+        entry = Entry(self._base, self._size, self._held, self._length)
+        self.pool.hand_over(self, entry)
+        self._size = self._length = 0
+        self._held = torch.zeros(0, dtype=_LONG)
+        return entry
+
+    def adopt(self, entry: Entry, length: int) -> None:
+        """Take over `entry`'s run (this lane holding nothing), keeping its first `length` positions."""
+        self.pool.hand_over(entry, self)
+        self._base, self._size, self._held, self._length = entry.base, entry.size, entry.held, length
+
+    def copy_from(self, base: int, tokens: torch.Tensor) -> None:
+        """Hold `tokens` (this lane holding nothing) by copying the keys and values of pool
+        slots base.. (where another run holds them at positions 0..) into a run of its own."""
+        n = tokens.numel()
+        self._room(n)
+        self.decoder.move(torch.arange(base, base + n, dtype=_LONG), torch.arange(self._base, self._base + n))
+        self._held[:n] = tokens
+        self._length = n
 
     def layer_lengths(self) -> list[int]:
         return [self._length] * self.layers  # one length for all layers, by construction

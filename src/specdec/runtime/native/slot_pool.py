@@ -56,6 +56,12 @@ class SlotPool:
         self._runs[id(owner)] = (new, size)
         return new
 
+    def hand_over(self, owner: object, heir: object) -> None:
+        """`owner`'s run becomes `heir`'s, where it lies (a prefix cache's entry and its lanes)."""
+        if id(heir) in self._runs:
+            raise ValueError("the heir already holds a run: release it first")
+        self._runs[id(heir)] = self._runs.pop(id(owner))
+
     def release(self, owner: object) -> None:
         if self._runs.pop(id(owner), None) is not None:
             self._shrink()
