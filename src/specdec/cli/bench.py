@@ -37,7 +37,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Runs every method on every prompt, interleaved, and writes config.json, "
         "results.jsonl (one row per run), summary.json and report.md with plots into --out.",
     )
-    b.add_argument("--dataset", required=True, help="humaneval, mt-bench, spec-bench (bundled), or a JSONL file (turns or prompt field)")
+    b.add_argument("--dataset", required=True, help="humaneval, mt-bench, spec-bench (bundled), or a JSONL file (turns or prompt "
+                   "field); with --conversations also code-edit")
+    b.add_argument("--conversations", action="store_true",
+                   help="multi-turn conversations against the endpoints: every turn of each record with two or more "
+                        "(mt-bench, spec-bench) or code-edit's four (a ~150-line standard-library module pasted, an edit "
+                        "that repeats it, tests, a summary), each answer the server's own and the history resent every "
+                        "turn, through the openai client, greedy; a row per conversation and server")
     b.add_argument("--categories", help="comma list: keep only these categories")
     b.add_argument("--per-category", type=int, help="keep the first N prompts of each category")
     b.add_argument("--limit", type=int, help="keep the first N prompts (after the filters above)")
@@ -92,6 +98,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 def cmd_bench(args: argparse.Namespace) -> int:
     from contextlib import ExitStack
 
+    if args.conversations:
+        from .bench_conversation import cmd_conversations
+
+        return cmd_conversations(args)
     servers = served_endpoints(args)  # not started yet: the arguments are checked first
     out = Path(args.out)
     if servers and not args.resume and out.is_dir() and any(out.iterdir()):  # before minutes of model loading
@@ -197,10 +207,16 @@ def _bench(args: argparse.Namespace, start_servers, accepted: list) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     from ..bench.report import REPORT, report_folder
     from ..bench.store import CONFIG
+    from ..files import read_json
 
     out = Path(args.dir)
     if not (out / CONFIG).is_file():
         raise SpecdecError(f"{out} is not a specdec bench folder: it has no {CONFIG}")
+    if read_json(out / CONFIG).get("kind") == "conversations":
+        from .bench_conversation import conversation_report
+
+        print(conversation_report(out), file=sys.stderr)
+        return 0
     print(_digest(report_folder(out)) + f"\nreport: {out / REPORT}", file=sys.stderr)
     return 0
 

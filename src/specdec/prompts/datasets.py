@@ -7,7 +7,7 @@ import gzip
 import hashlib
 import importlib.util
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import SpecdecError
@@ -20,7 +20,9 @@ DEFAULT_CATEGORY = "uncategorized"
 class Prompt:
     id: str
     category: str
-    text: str
+    text: str  # the first turn: what a single-prompt bench sends, and what makes two prompts equal
+    # every user turn of a record with `turns` (MT-Bench's two), for conversation benches
+    turns: tuple[str, ...] = field(default=(), compare=False)
 
 
 @dataclass(frozen=True)
@@ -123,7 +125,8 @@ def _parse_line(line: str, where: str, number: int, default_category: str) -> Pr
         raise SpecdecError(f"{where}: the prompt is empty")
     # The line number stands in for an id, so rows stay addressable in files without one.
     ident = next((record[key] for key in ("question_id", "task_id", "id") if key in record), number)
-    return Prompt(str(ident), str(record.get("category") or default_category), text)
+    every = tuple(turns) if isinstance(turns, list) and all(isinstance(t, str) for t in turns) else (text,)
+    return Prompt(str(ident), str(record.get("category") or default_category), text, every)
 
 
 def select(prompts: list[Prompt], selection: Selection) -> list[Prompt]:

@@ -42,8 +42,10 @@ class Request:
     prompt_ids: list[int] | None = None  # /v1/completions
     prompt_text: str | None = None  # the same prompt as text, for a completions server that takes no ids
     message: str | None = None  # /v1/chat/completions: one user message
+    messages: list[dict] | None = None  # ... or a whole conversation ({"role", "content"}), sent instead
     top_logprobs: int = 1  # alternatives per position; 0: no logprobs (text only)
     sampling: dict | None = None  # sampling_fields(); None: greedy
+    cache_prompt: bool = False  # llama-server: True lets it reuse its slot's cached prefix (a conversation)
 
 
 def sampling_fields(temperature: float, top_k: int | None, top_p: float | None, min_p: float | None,
@@ -69,6 +71,8 @@ class Streamed:
     finish_reason: str | None = None
     timings: dict | None = None  # llama.cpp's
     usage_tokens: int | None = None
+    prompt_tokens: int | None = None  # usage's
+    cached_tokens: int | None = None  # usage.prompt_tokens_details.cached_tokens, else llama.cpp's timings.cache_n
     sent: float = 0.0  # time.perf_counter() when the request went out (a wave's requests are placed by it)
 
     @property
@@ -114,10 +118,12 @@ def body(request: Request, api: str, model: str, form: str = IDS) -> dict:
     prompt goes as ids or as text."""
     sampling = request.sampling or {"temperature": 0.0, "top_p": 1.0}
     common = {"model": model, "max_tokens": request.max_tokens, **sampling, "stream": True,
-              "stream_options": {"include_usage": True}, "cache_prompt": False, "return_tokens_as_token_ids": True}
+              "stream_options": {"include_usage": True}, "cache_prompt": request.cache_prompt,
+              "return_tokens_as_token_ids": True}
     if api == CHAT:
         logprobs = {"logprobs": True, "top_logprobs": request.top_logprobs} if request.top_logprobs else {}
-        return {**common, "messages": [{"role": "user", "content": request.message}], **logprobs}
+        messages = request.messages or [{"role": "user", "content": request.message}]
+        return {**common, "messages": messages, **logprobs}
     return {**common, "prompt": request.prompt_text if form == TEXT else request.prompt_ids,
             **({"logprobs": request.top_logprobs} if request.top_logprobs else {})}
 
@@ -247,8 +253,13 @@ def _take(chunk: dict, out: Streamed, at: float, endpoint: Endpoint) -> None:
     """Fold one chunk into the result: text, tokens (with their stamp), finish reason, counts."""
     if chunk.get("timings"):
         out.timings = chunk["timings"]
+        if out.cached_tokens is None and "cache_n" in out.timings:
+            out.cached_tokens = out.timings["cache_n"]
     if isinstance(chunk.get("usage"), dict):
-        out.usage_tokens = chunk["usage"].get("completion_tokens")
+        usage = chunk["usage"]
+        out.usage_tokens, out.prompt_tokens = usage.get("completion_tokens"), usage.get("prompt_tokens")
+        if (cached := (usage.get("prompt_tokens_details") or {}).get("cached_tokens")) is not None:
+            out.cached_tokens = cached
     choices = chunk.get("choices")
     if choices is None:
         if "usage" in chunk or "timings" in chunk:
