@@ -300,9 +300,15 @@ BAD = [
     ("completions", {"prompt": PROMPT, "top_p": 0}, 400, "top_p must be in (0, 1]"),
     ("completions", {"prompt": PROMPT, "top_p": 1.5}, 400, "top_p must be in (0, 1]"),
     ("completions", {"prompt": PROMPT, "n": 2}, 400, "n > 1 is not supported"),
-    ("completions", {"prompt": PROMPT, "presence_penalty": 0.5}, 400, "presence_penalty is not supported"),
-    ("completions", {"prompt": PROMPT, "frequency_penalty": 1}, 400, "frequency_penalty is not supported"),
-    ("completions", {"prompt": PROMPT, "logit_bias": {"3": 5}}, 400, "logit_bias is not supported"),
+    ("completions", {"prompt": PROMPT, "presence_penalty": 2.5}, 400, "presence_penalty must be in [-2, 2]"),
+    ("completions", {"prompt": PROMPT, "frequency_penalty": -3}, 400, "frequency_penalty must be in [-2, 2]"),
+    ("completions", {"prompt": PROMPT, "repetition_penalty": 0}, 400, "repetition_penalty must be > 0"),
+    ("completions", {"prompt": PROMPT, "repetition_penalty": 1.2, "repeat_penalty": 1.1}, 400, "send one of them"),
+    ("completions", {"prompt": PROMPT, "repeat_last_n": -2}, 400, "repeat_last_n must be between -1"),
+    ("completions", {"prompt": PROMPT, "logit_bias": {"3": 101}}, 400, "in [-100, 100]"),
+    ("completions", {"prompt": PROMPT, "logit_bias": {"x": 1}}, 400, "keys must be token ids"),
+    ("completions", {"prompt": PROMPT, "logit_bias": {str(VOCAB): 1}}, 400, f"token id {VOCAB} is outside"),
+    ("completions", {"prompt": PROMPT, "logit_bias": [[3, 1]]}, 400, "logit_bias must be an object"),
     ("completions", {"prompt": ""}, 400, "the prompt is empty"),
     ("completions", {"prompt": "   "}, 400, "the prompt is empty"),
     ("completions", {"prompt": []}, 400, "empty list"),
@@ -355,7 +361,8 @@ def test_malformed_requests(served):
 
 FIELDS = ["model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k",
           "min_p", "seed", "stop", "stream", "stream_options", "logprobs", "top_logprobs", "n", "presence_penalty",
-          "echo", "logit_bias", "response_format", "return_tokens_as_token_ids", "ignore_eos", "user"]
+          "frequency_penalty", "repetition_penalty", "repeat_penalty", "repeat_last_n", "echo", "logit_bias",
+          "response_format", "return_tokens_as_token_ids", "ignore_eos", "user"]
 ODD_VALUES = [None, "x", -1, 1.5, 10**12, 10**400, -(10**30), 1e300, [1, "a"], {"a": 1}, True]
 CHAT_FIELDS = ["messages", "max_completion_tokens", "logprobs", "top_logprobs", "response_format"]
 

@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from ..errors import SpecdecError
 from ..runtime.choose import runtime_of
 from .interface import Runtime
-from ..errors import SpecdecError
 from .proposal import Proposer
 from .rules import LogitsRule
 from .sampling import SamplingConfig

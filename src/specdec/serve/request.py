@@ -4,7 +4,7 @@ one a 4xx ApiError that names the field and says what to send instead, so nothin
 can raise in the worker. A temperature below GREEDY_BELOW decodes greedily.
 
 Fields this server does not implement are refused when they would change the output (n > 1,
-penalties, logit_bias, echo, suffix, tools, a JSON response format), so a client never gets a
+echo, suffix, tools, a JSON response format), so a client never gets a
 silently different completion; fields that change nothing here (user, metadata, llama.cpp's
 cache_prompt, ...) and unknown fields are ignored, as vLLM and llama-server do. Absent sampling
 fields take the server's defaults (`specdec serve --temperature/--top-k/--top-p/--seed`,
@@ -15,9 +15,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..decode.penalties import Penalties
 from ..decode.sampling import GREEDY_BELOW
 from .errors import ApiError, invalid
 from .fields import check_text, flag, integer, number
+from .penalty_fields import read_penalties
 
 COMPLETIONS, CHAT = "completions", "chat"
 MAX_LOGPROBS = 20  # alternatives per token, as vLLM's default limit
@@ -70,6 +72,7 @@ class Generation:
     logprobs: int | None = None  # alternatives per token (0: the chosen token's only); None: no logprobs
     ids_as_tokens: bool = False  # vLLM's return_tokens_as_token_ids: tokens spelled token_id:N
     ignore_eos: bool = False
+    penalties: Penalties = field(default_factory=Penalties)  # presence/frequency/repetition, logit_bias
 
 
 # Fields that would change the output and are not implemented: refused unless they hold the
@@ -77,15 +80,6 @@ class Generation:
 _REFUSED = {
     "n": (lambda v: v in (None, 1), "n > 1 is not supported: send n requests (each decodes on its own)"),
     "best_of": (lambda v: v in (None, 1), "best_of > 1 is not supported: send one request per candidate"),
-    "presence_penalty": (lambda v: v in (None, 0),
-                         "presence_penalty is not supported: send 0 or leave it out (specdec keeps the target's "
-                         "own distribution exactly; penalties are not applied)"),
-    "frequency_penalty": (lambda v: v in (None, 0),
-                          "frequency_penalty is not supported: send 0 or leave it out (specdec keeps the target's "
-                          "own distribution exactly; penalties are not applied)"),
-    "repetition_penalty": (lambda v: v in (None, 1),
-                           "repetition_penalty is not supported: send 1 or leave it out"),
-    "logit_bias": (lambda v: not v, "logit_bias is not supported: leave it out"),
     "echo": (lambda v: not v, "echo is not supported: the reply never repeats the prompt; leave it out"),
     "suffix": (lambda v: not v, "suffix (insertion) is not supported: leave it out"),
     "tools": (lambda v: not v, "tools are not supported: leave them out"),
@@ -129,6 +123,7 @@ def read_request(body: object, api: str, model: Model, encode_text, encode_chat)
     include_usage = bool(stream and options and flag(options, "include_usage", False, "stream_options.include_usage"))
     return Generation(
         api=api, prompt_ids=tuple(prompt), max_tokens=max_tokens, sampling=_sampling(body, model),
+        penalties=read_penalties(body, model.vocab_size),
         stop=_stops(body), stream=stream, include_usage=include_usage, logprobs=logprobs,
         ids_as_tokens=flag(body, "return_tokens_as_token_ids", False), ignore_eos=flag(body, "ignore_eos", False),
     )

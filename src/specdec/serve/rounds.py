@@ -94,7 +94,8 @@ class Rounds:
             g, p = job.generation, job.generation.sampling
             decode = Decode(job, self.name, self.metrics, self.loaded.tokenizer, self.tokenizer_lock)
             options = Options(g.max_tokens, SamplingConfig(p.temperature, p.top_k, p.top_p, p.min_p), p.seed,
-                              [] if g.ignore_eos else None, decode.on_commit, decode.on_target_logits)
+                              [] if g.ignore_eos else None, decode.on_commit, decode.on_target_logits,
+                              rules=g.penalties.rules(len(g.prompt_ids), self.loaded.lm.vocab_size))
             self.scheduler.add(list(g.prompt_ids), options, decode)
 
     def _started(self, request, alone: bool) -> None:
