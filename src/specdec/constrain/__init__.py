@@ -1,0 +1,16 @@
+"""Structured output: what a generation's text must match (a JSON object, a JSON schema, a GBNF
+or Lark grammar, a grammar that starts at a trigger such as a tool call's tag: grammars), the
+model's vocabulary as the grammar library reads it (vocab), and the per-row logits rule that
+masks every row to the tokens the grammar allows after that row's own prefix (rule), exact under
+speculation: the draft proposes under the mask, the target verifies under it, and rejected
+guesses roll the matcher back.
+
+The grammar library is llguidance (MIT, no dependencies): on the default target's 151,936 ids its
+mask takes ~15 us a row, compiling a schema ~1 ms, and it rolls back any number of tokens
+(scripts/measure/grammar_mask.py measures it)."""
+
+from .grammars import Grammar, Tag, gbnf, json_object, json_schema, lark, triggered
+from .rule import GrammarRule, grammar_rule
+
+__all__ = ["Grammar", "GrammarRule", "Tag", "gbnf", "grammar_rule", "json_object", "json_schema", "lark",
+           "triggered"]
