@@ -93,3 +93,36 @@ def _min_p(text: str) -> float:
         raise argparse.ArgumentTypeError(
             f"must be a number in [0, 1), got {text!r}: 0 turns min-p off, 0.05 is llama.cpp's default")
     return value
+
+
+def add_penalty_args(p: argparse.ArgumentParser) -> None:
+    """Penalties and logit bias (decode.penalties), applied to the target's and the draft's rows alike."""
+    p.add_argument("--presence-penalty", type=float, default=0.0, metavar="F",
+                   help="OpenAI's: subtract F from each token already generated (in [-2, 2]; 0 = off)")
+    p.add_argument("--frequency-penalty", type=float, default=0.0, metavar="F",
+                   help="OpenAI's: subtract F times the times each token was generated (in [-2, 2]; 0 = off)")
+    p.add_argument("--repeat-penalty", type=float, default=1.0, metavar="F",
+                   help="llama.cpp's: divide a positive logit (multiply a negative one) by F for each token in the "
+                        "last --repeat-last-n tokens of prompt and output (1 = off)")
+    p.add_argument("--repeat-last-n", type=int, default=64, metavar="N",
+                   help="the window of --repeat-penalty (64, llama.cpp's default; -1 = the whole sequence)")
+    p.add_argument("--logit-bias", action="append", default=[], metavar="ID=BIAS",
+                   help="add BIAS (in [-100, 100]) to token ID's logit; repeat the flag for more tokens")
+
+
+def penalties_of(args: argparse.Namespace):
+    """The decode.penalties.Penalties the flags ask for (checked now, before any model loads)."""
+    from ..decode.penalties import Penalties
+    from ..errors import SpecdecError
+
+    if args.repeat_last_n < -1:
+        raise SpecdecError(f"--repeat-last-n must be -1 (the whole sequence), 0 (off) or more, got {args.repeat_last_n}")
+    bias = []
+    for item in args.logit_bias:
+        token, _, value = item.partition("=")
+        try:
+            bias.append((int(token), float(value)))
+        except ValueError:
+            raise SpecdecError(f"--logit-bias takes ID=BIAS, such as 15043=-100, got {item!r}") from None
+    return Penalties(args.presence_penalty, args.frequency_penalty, args.repeat_penalty,
+                     None if args.repeat_last_n == -1 else args.repeat_last_n, tuple(bias))

@@ -10,7 +10,7 @@ from pathlib import Path
 from ..errors import SpecdecError
 from ..load.loaded import load
 from .args import method_of, spec_of
-from .flags import add_method_args, add_model_args, add_sampling_args
+from .flags import add_method_args, add_model_args, add_penalty_args, add_sampling_args, penalties_of
 from .options import at_least_one, check_sampling
 
 
@@ -22,6 +22,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_model_args(g)
     add_method_args(g, default="auto")
     add_sampling_args(g)
+    add_penalty_args(g)
     g.add_argument("--raw", action="store_true", help="do not apply the chat template")
     g.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
     g.add_argument("--color", choices=["auto", "always", "never"], default="auto",
@@ -37,18 +38,21 @@ def cmd_generate(args: argparse.Namespace) -> int:
     text = require_text(_prompt_text(args))
     at_least_one(args, "max_new_tokens")
     check_sampling(args)  # every option before a model loads: a bad value is the only line printed
+    penalties = penalties_of(args)
     spec = spec_of(args, method_of(args), args.pay_rule)
     loaded = load(spec)
     tokenizer = loaded.tokenizer
     prompt = encode_prompt(tokenizer, text, raw=args.raw)
     streamer = None if args.json else Streamer(tokenizer, color=_use_color(args.color))
     code = 0
+    lm = loaded.lm()
     try:
         result = generate(
-            loaded.lm(), prompt, drafter=loaded.proposer,
+            lm, prompt, drafter=loaded.proposer,
             max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
             min_p=args.min_p,
             seed=args.seed, on_commit=streamer.on_commit if streamer else None,
+            rules=penalties.rules(len(prompt), lm.vocab_size),
         )
     except GenerationInterrupted as interrupt:  # Ctrl-C: still show what was committed
         result, code = interrupt.result, 130
