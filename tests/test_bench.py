@@ -15,14 +15,14 @@ from tokenizers import Tokenizer, pre_tokenizers
 from tokenizers.models import WordLevel
 from transformers import PreTrainedTokenizerFast
 
-from specdec.bench.row import Measured
+from specdec.bench.row import Measured, engine_stats
 from specdec.bench.runner import EncodedPrompt, run_bench
 from specdec.bench.store import RESULTS, RowWriter, check_out_dir, read_rows
 from specdec.bench.summary import (
     bootstrap_ci,
     geomean,
+    acceptance_summary,
     paired_speedups,
-    position_acceptance,
     speedup_summary,
     summarize,
 )
@@ -231,9 +231,9 @@ def test_position_acceptance_is_conditional_on_the_earlier_guesses():
         stats = GenerationStats()
         for accepted, proposed in part:
             stats.record_round(proposed, accepted)
-        rows.append(stats.to_dict())
+        rows.append({"stats": stats.to_dict()})  # bench rows, as results.jsonl stores them
     # position 1: 3 of 4 proposing rounds; 2: 2 of the 3 that got past 1; 3: 1 of 1
-    assert position_acceptance(rows) == pytest.approx([3 / 4, 2 / 3, 1.0])
+    assert acceptance_summary(rows)["position_acceptance"] == pytest.approx([3 / 4, 2 / 3, 1.0])
 
 
 def test_bootstrap_interval_of_constant_values_is_a_point_and_narrows_with_n():
@@ -307,7 +307,7 @@ def test_full_bench_on_tiny_models(tiny_pair, dataset, tmp_path, monkeypatch):
             assert r["tokens_per_s"] == pytest.approx(r["decode_tokens"] / r["decode_s"])
     assert {r["finish_reason"] for r in rows} == {"eos", "length"}
     draft_rows = [r for r in rows if r["method"] == "draft:k=3"]
-    assert all(r["draft_calls"] > 0 and sum(r["proposed_lengths"]) > 0 for r in draft_rows)
+    assert all(engine_stats(r).draft_calls > 0 and sum(engine_stats(r).proposed_lengths) > 0 for r in draft_rows)
     assert all(r["draft_calls"] > 0 for r in rows if r["method"] == "hf-assisted:k=2")
 
     summary = json.loads((out / "summary.json").read_text())
@@ -327,7 +327,8 @@ def test_full_bench_on_tiny_models(tiny_pair, dataset, tmp_path, monkeypatch):
         assert overall[label]["speedup"]["median"] == pytest.approx(float(np.median(list(mine.values())))), label
     for label in ("draft:k=3", "draft:k=2:quant=int8", "hybrid:k=2:ngram=3", "draft:k=2:width=2"):
         spec = [r for r in rows if r["method"] == label]
-        accepted, proposed, rounds = (sum(r[f] for r in spec) for f in ("accepted", "proposed", "rounds"))
+        accepted, proposed, rounds = (sum(getattr(engine_stats(r), f) for r in spec)
+                                      for f in ("accepted", "proposed", "rounds"))
         assert 0 < accepted < proposed, label  # the draft was refused sometimes: equality above means something
         assert overall[label]["mean_accepted_length"] == pytest.approx((accepted + rounds) / rounds), label
         assert overall[label]["acceptance_rate"] == pytest.approx(accepted / proposed), label
@@ -415,7 +416,7 @@ def test_auto_method_runs_the_advised_method(tiny_pair, dataset, tmp_path, capsy
     assert config["draft"] == tiny_pair[1]
     rows = [r for r in read_rows(out) if r["method"] == "auto"]
     k = default.k
-    assert rows and all(r["draft_calls"] > 0 and max(r["proposed_lengths"]) <= k for r in rows)
+    assert rows and all(engine_stats(r).draft_calls > 0 and max(engine_stats(r).proposed_lengths) <= k for r in rows)
     overall = json.loads((out / "summary.json").read_text())["overall"]["methods"]["auto"]
     assert overall["greedy_equal"]["mismatches"] == 0
 
@@ -427,7 +428,7 @@ def test_auto_method_runs_the_advised_method(tiny_pair, dataset, tmp_path, capsy
     assert main(args) == 0
     config = json.loads((tmp_path / "advised" / "config.json").read_text())
     assert config["auto"]["runs"] == "lookup:k=3:ngram=3" and config["draft"] is None
-    assert all(r["draft_calls"] == 0 for r in read_rows(tmp_path / "advised") if r["method"] == "auto")
+    assert all(engine_stats(r).draft_calls == 0 for r in read_rows(tmp_path / "advised") if r["method"] == "auto")
 
 
 def test_config_records_where_when_and_what_ran(tiny_pair, dataset, tmp_path):

@@ -219,10 +219,10 @@ def endpoint_row(s: Streamed, concurrency: int, prompt_form: str) -> Measured:
     gaps = np.diff(s.stamps)
     served = {"text": s.text, "ttft_s": s.ttft_s, "concurrency": concurrency, "prompt_form": prompt_form,
               "stall_s": float(gaps.max()) if len(gaps) else None,
-              "accept_source": "llama.cpp timings" if drafted else None, "server_timings": s.timings}
+              "accept_source": "llama.cpp timings" if drafted else None, "server_timings": s.timings,
+              "proposed": timings.get("draft_n"), "accepted": timings.get("draft_n_accepted")}
     return Measured(s.ids, s.n_tokens, s.finish_reason, s.ttft_s, s.decode_s, s.decode_tokens,
-                    {"prefill": s.ttft_s, "decode": s.decode_s}, proposed=timings.get("draft_n"),
-                    accepted=timings.get("draft_n_accepted"), served=served)
+                    {"prefill": s.ttft_s, "decode": s.decode_s}, served=served)
 
 
 class Routed:

@@ -129,12 +129,9 @@ class Executor:
             temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, min_p=s.min_p, seed=seed,
             eos_token_id=list(self.settings.eos_token_ids),
         )
-        st = result.stats
-        new = result.new_tokens
-        return Measured(new, len(new), result.finish_reason, st.times["prefill"], st.decode_seconds, len(new) - 1,
-                        dict(st.times), st.rounds, st.proposed, st.accepted, st.accept_lengths, st.proposed_lengths,
-                        st.position_judged, st.position_accepted, target_calls=st.target_calls,
-                        draft_calls=st.draft_calls)
+        st, new = result.stats, result.new_tokens
+        return Measured(new, len(new), result.finish_reason, st.prefill_seconds, st.decode_seconds, st.decode_tokens,
+                        dict(st.times), stats=st)
 
     def _run_hf(self, method: Method, prompt_ids: list[int], seed: int | None, max_new_tokens: int) -> Measured:
         ids = torch.tensor([prompt_ids], dtype=torch.long, device=self.target.device)

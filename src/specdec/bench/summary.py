@@ -10,10 +10,12 @@ from collections.abc import Callable
 
 import numpy as np
 
+from ..decode.stats import GenerationStats
 from ..methods.spec import Method, legacy, parse
 from .agreement import REFERENCE, agreement
 from .equality import greedy_equality
 from .prediction import prediction, time_per_token
+from .row import engine_stats
 from .served import server_acceptance
 
 BASELINE = "ar"
@@ -231,8 +233,9 @@ def bootstrap_ci(
 
 
 def acceptance_summary(rows: list[dict]) -> dict:
-    if rows[0]["accept_lengths"] is not None:
-        return _engine_acceptance(rows)
+    engine = [engine_stats(r) for r in rows]
+    if engine[0] is not None:
+        return _engine_acceptance(GenerationStats.pooled(engine))
     if any(r.get("accept_source") for r in rows):
         return server_acceptance(rows)
     if rows[0]["round_tokens"] is None:  # llama.cpp, endpoints without counts: no rounds to count
@@ -251,28 +254,14 @@ def acceptance_summary(rows: list[dict]) -> dict:
     }
 
 
-def _engine_acceptance(rows: list[dict]) -> dict:
-    rounds = sum(r["rounds"] for r in rows)
-    accepted = sum(r["accepted"] for r in rows)
-    proposed = sum(r["proposed"] for r in rows)
-    lengths = [a for r in rows for a in r["accept_lengths"]]
+def _engine_acceptance(s: GenerationStats) -> dict:
+    """The engine's figures of a method's runs, pooled (its record's, None where nothing was counted)."""
     return {
         "accept_source": "engine",
-        "rounds": rounds,
-        "mean_accepted_length": (accepted + rounds) / rounds if rounds else None,
-        "acceptance_rate": accepted / proposed if proposed else None,
-        "position_acceptance": position_acceptance(rows),
-        "accept_length_histogram": np.bincount(lengths).tolist() if lengths else [],
-        "rounds_without_proposal": sum(p == 0 for r in rows for p in r["proposed_lengths"]),
+        "rounds": s.rounds,
+        "mean_accepted_length": s.mean_accepted_length if s.rounds else None,
+        "acceptance_rate": s.acceptance_rate if s.proposed else None,
+        "position_acceptance": s.position_acceptance,
+        "accept_length_histogram": s.accept_length_histogram,
+        "rounds_without_proposal": s.rounds_without_proposal,
     }
-
-
-def position_acceptance(rows: list[dict]) -> list[float]:
-    """[i]: P(guess i+1 accepted | guesses 1..i accepted and guess i+1 proposed), pooled over
-    the rows' conditional counts."""
-    depth = max((len(r["position_judged"]) for r in rows), default=0)
-    judged, passed = np.zeros(depth), np.zeros(depth)
-    for r in rows:
-        judged[: len(r["position_judged"])] += r["position_judged"]
-        passed[: len(r["position_accepted"])] += r["position_accepted"]
-    return (passed / judged).tolist()

@@ -6,12 +6,16 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..errors import SpecdecError
 from ..load.loaded import load
 from .args import method_of, spec_of
 from .flags import add_method_args, add_model_args, add_penalty_args, add_sampling_args, penalties_of
 from .options import at_least_one, check_sampling
+
+if TYPE_CHECKING:  # torch loads when a command runs
+    from ..decode.engine import GenerationResult
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -74,14 +78,15 @@ def _json_result(tokenizer, result) -> dict:
     }
 
 
-def summary_line(result) -> str:
+def summary_line(result: GenerationResult) -> str:
+    """The generation on one line, every figure the engine's record's (decode.stats)."""
     s = result.stats
     t = s.times
     spec = (f"; {s.rounds} rounds, mean accepted length {s.mean_accepted_length:.2f} "
             f"(acceptance {100 * s.acceptance_rate:.0f}% of {s.proposed} proposed), "
             f"draft calls {s.draft_calls}") if s.proposed else ""
     return (f"[specdec] {s.new_tokens} tokens ({result.finish_reason}), decode {s.tokens_per_s:.2f} tok/s, "
-            f"target calls {s.target_calls}{spec}; prefill {t['prefill']:.2f}s, propose "
+            f"target calls {s.target_calls}{spec}; prefill {s.prefill_seconds:.2f}s, propose "
             f"{t['propose']:.2f}s, verify {t['verify']:.2f}s, accept {t['accept']:.2f}s")
 
 

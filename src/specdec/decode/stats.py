@@ -1,16 +1,31 @@
-"""Per-generation records: rounds, calls, acceptance per round and per position, phase times."""
+"""A generation's speculation record (GenerationStats): filled by the decode loop round by round,
+read by every reporter (generate's summary line, chat's speed line, bench rows and summaries, the
+server's `timings` and /metrics, the calibration). Every figure derived from the counts
+(acceptance rate, mean accepted length, acceptance per position, tokens/s) is computed here,
+once; readers take the record, or its one serialisation (to_dict / from_dict), never its counts
+by name from a dict. Also PhaseClock, which charges a generation's wall time to its phases."""
 
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
 
 import torch
+
+from ..errors import SpecdecError
 
 # Where a generation's time goes: the prefill (up to the first new token), then the phases of
 # the decode rounds.
 PHASES = ("prefill", "propose", "verify", "accept", "other")
 DECODE_PHASES = PHASES[1:]
+
+# to_dict's layout. Version 1 is a bench row (results.jsonl) written before the record was
+# stored whole: its counts flat in the row, the new tokens' number in `n_new`, no draft steps.
+STATS_VERSION = 2
+# What to_dict adds to the counts for readers of the JSON (from_dict recomputes them).
+DERIVED = ("acceptance_rate", "mean_accepted_length", "position_acceptance", "tokens_per_s")
 
 
 @dataclass
@@ -29,7 +44,7 @@ class GenerationStats:
     position_accepted: list[int] = field(default_factory=list)  # [i]: rounds that accepted guess i+1
     times: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
     new_tokens: int = 0
-    tokens_per_s: float = 0.0  # decode part: tokens after the first, over the time after prefill
+    decode_tokens: int = 0  # the new tokens after the first (the prefill's): what the rounds produced
 
     def record_round(self, proposed: int, accepted: int, draft_steps: int = 0) -> None:
         self.rounds += 1
@@ -40,6 +55,37 @@ class GenerationStats:
         self.draft_steps.append(draft_steps)
         _grow(self.position_judged, min(proposed, accepted + 1))
         _grow(self.position_accepted, accepted)
+
+    def finish(self, new_tokens: int) -> None:
+        self.new_tokens = new_tokens
+        self.decode_tokens = max(new_tokens - 1, 0)
+
+    @classmethod
+    def pooled(cls, records: Iterable[GenerationStats]) -> GenerationStats:
+        """The record of several generations together: counts and times summed, rounds in order,
+        positions added up; its figures are then pooled ones (e.g. acceptance over all guesses)."""
+        out = cls(times={})
+        for r in records:
+            for name in ("rounds", "target_calls", "draft_calls", "proposed", "accepted", "new_tokens",
+                         "decode_tokens"):
+                setattr(out, name, getattr(out, name) + getattr(r, name))
+            out.accept_lengths += r.accept_lengths
+            out.proposed_lengths += r.proposed_lengths
+            out.draft_steps += r.draft_steps
+            _add(out.position_judged, r.position_judged)
+            _add(out.position_accepted, r.position_accepted)
+            for phase, seconds in r.times.items():
+                out.times[phase] = out.times.get(phase, 0.0) + seconds
+        return out
+
+    @property
+    def drafts(self) -> int:
+        """Rounds that proposed at least one token (vLLM's num_drafts)."""
+        return sum(1 for n in self.proposed_lengths if n)
+
+    @property
+    def rounds_without_proposal(self) -> int:
+        return self.rounds - self.drafts
 
     @property
     def acceptance_rate(self) -> float:
@@ -52,38 +98,72 @@ class GenerationStats:
 
     @property
     def position_acceptance(self) -> list[float]:
-        """[i]: P(guess i+1 accepted | guesses 1..i accepted and guess i+1 proposed)."""
-        return [a / j for a, j in zip(self.position_accepted, self.position_judged)]
+        """[i]: P(guess i+1 accepted | guesses 1..i accepted and guess i+1 proposed); a position
+        judged but never accepted counts 0."""
+        accepted = self.position_accepted + [0] * (len(self.position_judged) - len(self.position_accepted))
+        return [a / j for a, j in zip(accepted, self.position_judged)]
+
+    @property
+    def accept_length_histogram(self) -> list[int]:
+        """[a]: rounds that accepted a guesses (a round that proposed nothing counts at a = 0)."""
+        counts = [0] * (max(self.accept_lengths, default=-1) + 1)
+        for a in self.accept_lengths:
+            counts[a] += 1
+        return counts
+
+    @property
+    def prefill_seconds(self) -> float:
+        return self.times.get("prefill", 0.0)
 
     @property
     def decode_seconds(self) -> float:
         """Time after the prefill: every decode round's phases."""
         return decode_seconds(self.times)
 
-    def finish(self, new_tokens: int) -> None:
-        self.new_tokens = new_tokens
+    @property
+    def tokens_per_s(self) -> float:
+        """Decode throughput: the tokens after the first over the time after the prefill."""
         decode = self.decode_seconds
-        self.tokens_per_s = (new_tokens - 1) / decode if decode > 0 and new_tokens > 1 else 0.0
+        return self.decode_tokens / decode if decode > 0 and self.decode_tokens > 0 else 0.0
 
-    def to_dict(self) -> dict:
-        d = asdict(self)
-        d.update(
-            acceptance_rate=self.acceptance_rate,
-            mean_accepted_length=self.mean_accepted_length,
-            position_acceptance=self.position_acceptance,
-        )
-        return d
+    def to_dict(self) -> dict[str, Any]:
+        """The record as JSON (generate --json's "stats", a bench row's "stats"), with its
+        version and the derived figures for readers that do not load it back."""
+        return {"version": STATS_VERSION, **asdict(self), **{name: getattr(self, name) for name in DERIVED}}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> GenerationStats:
+        """The record of to_dict's output, or of a bench row of version 1 (the row itself);
+        derived figures in `data` are ignored (recomputed), counts it lacks keep their defaults."""
+        version = data.get("version", 1)
+        if version == 1:
+            data = {**data, "new_tokens": data["n_new"]}
+        elif version != STATS_VERSION:
+            raise SpecdecError(f"speculation stats of version {version}: this specdec reads versions 1 to "
+                               f"{STATS_VERSION}; read them with the specdec that wrote them, or a newer one")
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: _copied(v) for k, v in data.items() if k in names})
 
 
-def decode_seconds(times: dict[str, float]) -> float:
+def decode_seconds(times: Mapping[str, float]) -> float:
     """The decode part of a phase-time record (GenerationStats.times, or a bench row's times)."""
     return sum(times.get(phase, 0.0) for phase in DECODE_PHASES)
+
+
+def _copied(value: Any) -> Any:
+    return list(value) if isinstance(value, list) else dict(value) if isinstance(value, dict) else value
 
 
 def _grow(counts: list[int], upto: int) -> None:
     counts.extend([0] * (upto - len(counts)))
     for i in range(upto):
         counts[i] += 1
+
+
+def _add(total: list[int], counts: list[int]) -> None:
+    total.extend([0] * (len(counts) - len(total)))
+    for i, n in enumerate(counts):
+        total[i] += n
 
 
 class PhaseClock:

@@ -133,7 +133,7 @@ class Decode:
         m.running.labels(self.name).dec()
         if tail:
             self.job.put(Tokens([Delta(tail)]))
-        m.ended(finish, len(g.prompt_ids), self.kept, figures)
+        m.ended(finish, len(g.prompt_ids), self.kept, result.stats)
         m.e2e.labels(self.name).observe(time.perf_counter() - self.job.arrived)
         self.job.put(Finished(self.text.text, finish, usage(len(g.prompt_ids), self.kept), figures))
         return time.perf_counter() - self.started

@@ -15,6 +15,8 @@ commit is spread evenly over the tokens of the round (one observation per token)
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from prometheus_client import (
     CollectorRegistry,
     Counter,
@@ -23,6 +25,9 @@ from prometheus_client import (
     generate_latest,
 )
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+if TYPE_CHECKING:  # torch loads where the worker decodes
+    from ..decode.stats import GenerationStats
 
 PREFIX = "specdec:"
 CONTENT_TYPE = CONTENT_TYPE_LATEST
@@ -78,20 +83,19 @@ class ServerMetrics:
     def reject(self, reason: str) -> None:
         self.rejected.labels(self.model, reason).inc()
 
-    def ended(self, outcome: str, prompt_tokens: int, generated: int, spec: dict | None) -> None:
-        """A request that decoded: its outcome, token counts and speculation (the `timings`
-        fields drafts, draft_n, draft_n_accepted, accepted_per_position, rounds; None when it
-        failed before decoding)."""
+    def ended(self, outcome: str, prompt_tokens: int, generated: int, stats: GenerationStats | None) -> None:
+        """A request that decoded: its outcome, token counts and the engine's record of its
+        speculation (None when it failed before decoding)."""
         m = self.model
         self.requests.labels(m, outcome).inc()
         self.prompt_tokens.labels(m).inc(prompt_tokens)
         self.generation_tokens.labels(m).inc(generated)
-        if spec:
-            self.drafts.labels(m).inc(spec["drafts"])
-            self.draft_tokens.labels(m).inc(spec["draft_n"])
-            self.accepted.labels(m).inc(spec["draft_n_accepted"])
-            self.rounds.labels(m).inc(spec["rounds"])
-            for position, count in enumerate(spec["accepted_per_position"]):
+        if stats is not None:
+            self.drafts.labels(m).inc(stats.drafts)
+            self.draft_tokens.labels(m).inc(stats.proposed)
+            self.accepted.labels(m).inc(stats.accepted)
+            self.rounds.labels(m).inc(stats.rounds)
+            for position, count in enumerate(stats.position_accepted):
                 self.per_position.labels(m, str(position)).inc(count)
 
     def text(self) -> bytes:

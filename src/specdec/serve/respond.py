@@ -9,8 +9,12 @@ from __future__ import annotations
 import time
 import uuid
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from .request import CHAT, Generation
+
+if TYPE_CHECKING:  # torch loads where the worker decodes
+    from ..decode.stats import GenerationStats
 
 # "abort": the client went away or the server is stopping (vLLM's word for it)
 FINISH = {"eos": "stop", "stop": "stop", "length": "length", "cancelled": "abort"}
@@ -113,14 +117,13 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict:
             "total_tokens": prompt_tokens + completion_tokens}
 
 
-def timings(stats, prompt_n: int, predicted_n: int, queue_s: float, ttft_s: float | None, method: str) -> dict:
-    """One request's figures from the engine's GenerationStats. predicted_ms is the decode time
-    after the prefill, and predicted_per_second the tokens after the first over it, as `specdec
-    generate` reports decode tok/s; the prefill (prompt_ms) yields the first token."""
-    from ..decode.stats import decode_seconds
-
-    t = stats.times
-    prompt_s, decode_s = t["prefill"], decode_seconds(t)
+def timings(stats: GenerationStats, prompt_n: int, predicted_n: int, queue_s: float, ttft_s: float | None,
+            method: str) -> dict:
+    """One request's figures from the engine's record of it. predicted_ms is the decode time
+    after the prefill, and predicted_per_second the tokens returned after the first over it (the
+    record's tokens_per_s counts those a stop string cut off too); the prefill (prompt_ms) yields
+    the first token."""
+    prompt_s, decode_s = stats.prefill_seconds, stats.decode_seconds
     return {
         "prompt_n": prompt_n,
         "prompt_ms": 1e3 * prompt_s,
@@ -130,7 +133,7 @@ def timings(stats, prompt_n: int, predicted_n: int, queue_s: float, ttft_s: floa
         "predicted_per_second": (predicted_n - 1) / decode_s if decode_s > 0 and predicted_n > 1 else 0.0,
         "draft_n": stats.proposed,
         "draft_n_accepted": stats.accepted,
-        "drafts": sum(1 for n in stats.proposed_lengths if n),
+        "drafts": stats.drafts,
         "rounds": stats.rounds,
         "mean_accepted_length": stats.mean_accepted_length,
         "acceptance_rate": stats.acceptance_rate,
@@ -138,7 +141,7 @@ def timings(stats, prompt_n: int, predicted_n: int, queue_s: float, ttft_s: floa
         "acceptance_per_position": stats.position_acceptance,
         "target_calls": stats.target_calls,
         "draft_calls": stats.draft_calls,
-        "phase_ms": {phase: 1e3 * seconds for phase, seconds in t.items()},
+        "phase_ms": {phase: 1e3 * seconds for phase, seconds in stats.times.items()},
         "queue_ms": 1e3 * queue_s,
         "ttft_ms": None if ttft_s is None else 1e3 * ttft_s,
         "method": method,

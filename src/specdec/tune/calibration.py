@@ -28,24 +28,21 @@ class Calibration:
     def from_stats(cls, stats: Sequence[GenerationStats], draft_rounds: int | None = None) -> Calibration:
         """Pooled over generations; `draft_rounds`: of their rounds, those the draft proposed
         (a hybrid's count; None: every round, or no draft)."""
-        judged = _sum_lists([s.position_judged for s in stats])
-        accepted = _sum_lists([s.position_accepted for s in stats])
-        accepted += [0] * (len(judged) - len(accepted))  # positions judged but never accepted
-        rates = [a / j for a, j in zip(accepted, judged) if j > 0]
+        pooled = GenerationStats.pooled(stats)
+        rates = pooled.position_acceptance
         # A generation's last round may be left no room to guess (max_new_tokens); that is no miss.
         rounds_of = [_without_empty_last(s) for s in stats]
         proposed = [n for generation in rounds_of for n, _, _ in generation]
         lengths = [a for generation in rounds_of for n, a, _ in generation if n > 0]
-        rounds = max(1, sum(s.rounds for s in stats))
+        rounds = max(1, pooled.rounds)
         hit = sum(n > 0 for n in proposed) / len(proposed) if proposed else 0.0
-        decode = sum(s.decode_seconds for s in stats)
         return cls(
             acceptance=Acceptance(tuple(rates), hit),
-            acceptance_rate=sum(s.accepted for s in stats) / max(1, sum(s.proposed for s in stats)),
+            acceptance_rate=pooled.acceptance_rate,
             histogram=np.bincount(lengths, minlength=len(rates) + 1).tolist() if lengths else [],
-            propose_per_round=sum(s.times["propose"] for s in stats) / rounds,
-            overhead_per_round=sum(s.times["accept"] + s.times["other"] for s in stats) / rounds,
-            tokens_per_s=sum(s.new_tokens - 1 for s in stats) / decode if decode else 0.0,
+            propose_per_round=pooled.times.get("propose", 0.0) / rounds,
+            overhead_per_round=(pooled.times.get("accept", 0.0) + pooled.times.get("other", 0.0)) / rounds,
+            tokens_per_s=pooled.tokens_per_s,
             draft_share=1.0 if draft_rounds is None else min(1.0, draft_rounds / rounds),
             rounds=_measured_rounds([r for generation in rounds_of for r in generation]),
         )
@@ -98,11 +95,3 @@ def _measured_rounds(rounds: list[tuple[int, int, int]]) -> Rounds | None:
                   blocks={size: count / n for size, count in enumerate(sizes.tolist()) if count},
                   tokens=sum(a + 1 for _, a, _ in rounds) / n)
 
-
-def _sum_lists(lists: Sequence[Sequence[int]]) -> list[int]:
-    out: list[int] = []
-    for values in lists:
-        out.extend([0] * (len(values) - len(out)))
-        for i, v in enumerate(values):
-            out[i] += v
-    return out
