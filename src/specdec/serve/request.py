@@ -4,7 +4,7 @@ one a 4xx ApiError that names the field and says what to send instead, so nothin
 can raise in the worker. A temperature below GREEDY_BELOW decodes greedily.
 
 Fields this server does not implement are refused when they would change the output (n > 1,
-echo, suffix, tools, a JSON response format), so a client never gets a
+echo, suffix, tools), so a client never gets a
 silently different completion; fields that change nothing here (user, metadata, llama.cpp's
 cache_prompt, ...) and unknown fields are ignored, as vLLM and llama-server do. Absent sampling
 fields take the server's defaults (`specdec serve --temperature/--top-k/--top-p/--seed`,
@@ -15,11 +15,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..constrain import Grammar
 from ..decode.penalties import Penalties
 from ..decode.sampling import GREEDY_BELOW
 from .errors import ApiError, invalid
 from .fields import check_text, flag, integer, number
 from .penalty_fields import read_penalties
+from .response_format import read_grammar
 
 COMPLETIONS, CHAT = "completions", "chat"
 MAX_LOGPROBS = 20  # alternatives per token, as vLLM's default limit
@@ -73,6 +75,7 @@ class Generation:
     ids_as_tokens: bool = False  # vLLM's return_tokens_as_token_ids: tokens spelled token_id:N
     ignore_eos: bool = False
     penalties: Penalties = field(default_factory=Penalties)  # presence/frequency/repetition, logit_bias
+    grammar: Grammar | None = None  # what the output must match (response_format, grammar: serve.response_format)
 
 
 # Fields that would change the output and are not implemented: refused unless they hold the
@@ -86,11 +89,8 @@ _REFUSED = {
     "functions": (lambda v: not v, "functions are not supported: leave them out"),
     "tool_choice": (lambda v: v in (None, "none"), "tool_choice is not supported: leave it out"),
     "function_call": (lambda v: v in (None, "none"), "function_call is not supported: leave it out"),
-    "response_format": (lambda v: v is None or (isinstance(v, dict) and v.get("type") in (None, "text")),
-                        "response_format other than text is not supported: leave it out"),
     "guided_json": (lambda v: v is None, "guided decoding is not supported: leave it out"),
     "guided_regex": (lambda v: v is None, "guided decoding is not supported: leave it out"),
-    "grammar": (lambda v: not v, "grammars are not supported: leave it out"),
 }
 _COMPLETIONS_ONLY = {"echo", "suffix", "best_of"}  # chat has no such fields: ignored there
 
@@ -106,6 +106,7 @@ def read_request(body: object, api: str, model: Model, encode_text, encode_chat)
     for name, (off, why) in _REFUSED.items():
         if name in body and not off(body[name]) and not (api == CHAT and name in _COMPLETIONS_ONLY):
             raise invalid(why, name, "unsupported_parameter")
+    grammar = read_grammar(body)
     if api == COMPLETIONS:
         prompt = _completion_prompt(body, model, encode_text)
         logprobs = integer(body, "logprobs", 0, MAX_LOGPROBS)
@@ -126,6 +127,7 @@ def read_request(body: object, api: str, model: Model, encode_text, encode_chat)
         penalties=read_penalties(body, model.vocab_size),
         stop=_stops(body), stream=stream, include_usage=include_usage, logprobs=logprobs,
         ids_as_tokens=flag(body, "return_tokens_as_token_ids", False), ignore_eos=flag(body, "ignore_eos", False),
+        grammar=grammar,
     )
 
 

@@ -28,6 +28,7 @@ from ..errors import SpecdecError
 from .errors import ApiError, internal
 from .job import Decode, Failed, Finished, JobQueue
 from .respond import usage
+from .response_format import grammar_rules
 
 
 class Rounds:
@@ -93,9 +94,16 @@ class Rounds:
                 continue
             g, p = job.generation, job.generation.sampling
             decode = Decode(job, self.name, self.metrics, self.loaded.tokenizer, self.tokenizer_lock)
+            try:  # the grammar's rule reads the tokenizer (once per server: ~1 s on 151,936 ids)
+                with self.tokenizer_lock:
+                    grammar = grammar_rules(g.grammar, self.loaded.tokenizer, self.loaded.lm, len(g.prompt_ids))
+            except SpecdecError as e:  # a tokenizer the grammar library cannot read
+                self.jobs.left()
+                job.put(Failed(ApiError(400, str(e), "response_format", "unsupported_grammar")))
+                continue
             options = Options(g.max_tokens, SamplingConfig(p.temperature, p.top_k, p.top_p, p.min_p), p.seed,
                               [] if g.ignore_eos else None, decode.on_commit, decode.on_target_logits,
-                              rules=g.penalties.rules(len(g.prompt_ids), self.loaded.lm.vocab_size))
+                              rules=g.penalties.rules(len(g.prompt_ids), self.loaded.lm.vocab_size) + grammar)
             self.scheduler.add(list(g.prompt_ids), options, decode)
 
     def _started(self, request, alone: bool) -> None:
