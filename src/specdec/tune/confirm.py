@@ -49,7 +49,7 @@ def _decode(target, prompt: list[int], proposer, tokens: int) -> tuple[int, floa
     from ..decode.engine import generate
 
     stats = generate(target, prompt, drafter=proposer, max_new_tokens=tokens).stats
-    return stats.new_tokens - 1, stats.decode_seconds
+    return stats.decode_tokens, stats.decode_seconds
 
 
 def confirmed_choice(confirmed: list[Confirmed], min_gain: float) -> Choice:

@@ -101,14 +101,13 @@ def sweep_context(target, drafts, tokenizer, n: int, settings: SweepSettings,
 def _method_summaries(runs: dict[Method, list], t_costs, c_draft: dict[str, float], ks) -> dict:
     """Measured tok/s, paired speedup over ar (medians over repeats), acceptance, prediction."""
     ar = runs[Method("ar")]
-    per_token = lambda r: r.stats.decode_seconds / (r.stats.new_tokens - 1)
     ar_cal = Calibration.from_stats([r.stats for r in ar])
     out = {}
     for method, results in runs.items():
         cal = Calibration.from_stats([r.stats for r in results])
-        speedups = [per_token(a) / per_token(r) for a, r in zip(ar, results)]
+        speedups = [r.stats.tokens_per_s / a.stats.tokens_per_s for a, r in zip(ar, results)]
         entry = {
-            "tokens_per_s": statistics.median(1 / per_token(r) for r in results),
+            "tokens_per_s": statistics.median(r.stats.tokens_per_s for r in results),
             "speedup": statistics.median(speedups),
             "equal_to_ar": all(r.new_tokens == a.new_tokens for a, r in zip(ar, results)),
         }
