@@ -302,6 +302,7 @@ def test_full_bench_on_tiny_models(tiny_pair, dataset, tmp_path, monkeypatch):
     assert len(rows) == 4 * 12
     for r in rows:
         assert r["n_new"] == len(r["new_tokens"]) and r["prefill_s"] > 0 and r["peak_memory_bytes"] > 0
+        assert r["prefill_tokens_per_s"] == pytest.approx(r["n_prompt"] / r["prefill_s"])
         assert r["finish_reason"] == ("eos" if r["new_tokens"][-1] == EOS else "length")
         if r["decode_tokens"]:
             assert r["tokens_per_s"] == pytest.approx(r["decode_tokens"] / r["decode_s"])
@@ -315,6 +316,8 @@ def test_full_bench_on_tiny_models(tiny_pair, dataset, tmp_path, monkeypatch):
     overall = summary["overall"]["methods"]
     assert list(overall) == labels
     ar_tps = {r["prompt_id"]: r["tokens_per_s"] for r in rows if r["method"] == "ar"}
+    ar_prefill = [r["prefill_tokens_per_s"] for r in rows if r["method"] == "ar"]
+    assert overall["ar"]["prefill_tokens_per_s"]["median"] == pytest.approx(float(np.median(ar_prefill)))
     for label in labels[1:]:
         assert overall[label]["greedy_equal"]["mismatches"] == 0, label
         if label != "hf-ar":  # against transformers on its unmodified copy: equal here, or explained

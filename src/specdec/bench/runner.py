@@ -120,5 +120,7 @@ def _row(run: Run, measured: Measured) -> dict:
         "method": run.method.label,
         "repeat": run.repeat,
         "n_prompt": len(run.item.ids),
+        # the prompt's tokens over the time to the first new token (a server's: over its TTFT)
+        "prefill_tokens_per_s": len(run.item.ids) / measured.prefill_s if measured.prefill_s > 0 else None,
         **measured.fields(),
     }

@@ -152,6 +152,7 @@ def summarize_method(rows: list[dict], label: str, method: Method, baseline: lis
         "runs": len(rows),
         "tokens_per_s": quartiles([r["tokens_per_s"] for r in rows if r["tokens_per_s"]]),
         "prefill_s": quartiles([r["prefill_s"] for r in rows]),
+        "prefill_tokens_per_s": quartiles([r["prefill_tokens_per_s"] for r in rows if r.get("prefill_tokens_per_s")]),
         "ttft_s": percentiles([r["prefill_s"] for r in rows]),
         "stall_s": percentiles([r["stall_s"] for r in rows if r.get("stall_s") is not None]),
         "mean_new_tokens": float(np.mean([r["n_new"] for r in rows])),
