@@ -119,9 +119,10 @@ class Decode:
         self.job.put(Tokens(deltas))
         return self.text.stopped or self.job.cancelled
 
-    def finish(self, result, method: str) -> float:
+    def finish(self, result, method: str, cached: int | None = None) -> float:
         """Send the text's tail and Finished for the engine's result; the request's decode
-        seconds. What may raise comes before anything is counted or sent (then fail() answers)."""
+        seconds. `cached`: the prompt tokens its start took from the prefix cache (None: no
+        cache). What may raise comes before anything is counted or sent (then fail() answers)."""
         m, g = self.metrics, self.job.generation
         if result.finish_reason == "stopped":
             finish = "stop" if self.text.stopped else "cancelled"
@@ -129,13 +130,16 @@ class Decode:
             finish = "stop" if result.finish_reason == "eos" else "length"
         tail = self.text.finish()
         ttft = None if self.first_at is None else self.first_at - self.job.arrived
-        figures = timings(result.stats, len(g.prompt_ids), self.kept, self.queue_s, ttft, method)
+        figures = timings(result.stats, len(g.prompt_ids) - (cached or 0), self.kept, self.queue_s, ttft, method,
+                          cached or 0)
         m.running.labels(self.name).dec()
         if tail:
             self.job.put(Tokens([Delta(tail)]))
         m.ended(finish, len(g.prompt_ids), self.kept, result.stats)
+        if cached is not None:
+            m.prefix_cache(len(g.prompt_ids), cached)
         m.e2e.labels(self.name).observe(time.perf_counter() - self.job.arrived)
-        self.job.put(Finished(self.text.text, finish, usage(len(g.prompt_ids), self.kept), figures))
+        self.job.put(Finished(self.text.text, finish, usage(len(g.prompt_ids), self.kept, cached), figures))
         return time.perf_counter() - self.started
 
     def fail(self, error: ApiError) -> None:

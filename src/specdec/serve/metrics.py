@@ -61,6 +61,10 @@ class ServerMetrics:
         self.per_position = Counter(f"{PREFIX}spec_decode_num_accepted_tokens_per_pos",
                                     "Draft tokens accepted, by position in the draft (0-based)",
                                     labels + ["position"], registry=r)
+        self.cache_queries = Counter(f"{PREFIX}prefix_cache_queries", "Prompt tokens looked up in the prefix "
+                                     "cache (vLLM's prefix_cache_queries)", labels, registry=r)
+        self.cache_hits = Counter(f"{PREFIX}prefix_cache_hits", "Prompt tokens the prefix cache held, not "
+                                  "forwarded again (vLLM's prefix_cache_hits)", labels, registry=r)
         self.rounds = Counter(f"{PREFIX}spec_decode_num_rounds", "Decode rounds (target verify forwards) after "
                               "the prefill", labels, registry=r)
         self.ttft = Histogram(f"{PREFIX}time_to_first_token_seconds", "From a request's arrival (queue wait "
@@ -77,7 +81,7 @@ class ServerMetrics:
         for outcome in ("stop", "length", "cancelled", "error"):  # every series shows from the start
             self.requests.labels(model, outcome)
         for counter in (self.prompt_tokens, self.generation_tokens, self.drafts, self.draft_tokens, self.accepted,
-                        self.rounds):
+                        self.rounds, self.cache_queries, self.cache_hits):
             counter.labels(model)
 
     def reject(self, reason: str) -> None:
@@ -97,6 +101,11 @@ class ServerMetrics:
             self.rounds.labels(m).inc(stats.rounds)
             for position, count in enumerate(stats.position_accepted):
                 self.per_position.labels(m, str(position)).inc(count)
+
+    def prefix_cache(self, queried: int, hit: int) -> None:
+        """A request's prompt tokens looked up in the prefix cache and those it held."""
+        self.cache_queries.labels(self.model).inc(queried)
+        self.cache_hits.labels(self.model).inc(hit)
 
     def text(self) -> bytes:
         return generate_latest(self.registry)

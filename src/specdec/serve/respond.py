@@ -112,17 +112,20 @@ class Reply:
                 "id": token_id}
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+def usage(prompt_tokens: int, completion_tokens: int, cached: int | None = None) -> dict:
+    """OpenAI's usage; `cached`: the prompt tokens the prefix cache held (None: no cache, no details)."""
+    out = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+           "total_tokens": prompt_tokens + completion_tokens}
+    return out if cached is None else out | {"prompt_tokens_details": {"cached_tokens": cached}}
 
 
 def timings(stats: GenerationStats, prompt_n: int, predicted_n: int, queue_s: float, ttft_s: float | None,
-            method: str) -> dict:
+            method: str, cache_n: int = 0) -> dict:
     """One request's figures from the engine's record of it. predicted_ms is the decode time
     after the prefill, and predicted_per_second the tokens returned after the first over it (the
     record's tokens_per_s counts those a stop string cut off too); the prefill (prompt_ms) yields
-    the first token."""
+    the first token. prompt_n counts the prompt tokens forwarded, cache_n those the prefix cache
+    held, as llama-server counts them."""
     prompt_s, decode_s = stats.prefill_seconds, stats.decode_seconds
     return {
         "prompt_n": prompt_n,
@@ -146,3 +149,4 @@ def timings(stats: GenerationStats, prompt_n: int, predicted_n: int, queue_s: fl
         "ttft_ms": None if ttft_s is None else 1e3 * ttft_s,
         "method": method,
     }
+        "cache_n": cache_n,

@@ -55,7 +55,8 @@ class Limits:
     """How many requests decode at once and how many K/V positions they may hold together
     (claimed as they grow: decode.scheduler); the rows a round's target forward is filled up to
     with arriving prompts (0: each prefilled alone, the rounds waiting); the seconds a request
-    may take from its arrival (None: no limit) and a shutdown waits for running requests."""
+    may take from its arrival (None: no limit) and a shutdown waits for running requests; whether
+    ended requests' K/V stay cached for later prompts that share a prefix (within kv_tokens)."""
 
     sequences: int = 8
     kv_tokens: int = 32768
@@ -63,6 +64,7 @@ class Limits:
     request_timeout: float | None = None
     shutdown_timeout: float = SHUTDOWN_S
 
+    prefix_cache: bool = True
 
 class DecodeWorker:
     def __init__(self, load: Callable[[], Loaded], metrics: ServerMetrics, name: str, defaults: Defaults,
@@ -163,7 +165,7 @@ class DecodeWorker:
             self._warm_up()
             limits = self.limits
             self.scheduler = Scheduler(loaded.lm, loaded.drafter, loaded.plan, limits.round_rows, limits.sequences,
-                                       limits.kv_tokens)
+                                       limits.kv_tokens, prefix_cache=limits.prefix_cache)
         except BaseException as e:  # noqa: BLE001 - the server reports it and stops
             self.load_error, self.state = e, "failed"
             if self.on_load_failure:
@@ -184,6 +186,7 @@ class DecodeWorker:
         except BaseException as e:  # noqa: BLE001 - the watchdog: report, answer everyone, stop the server
             self._died(e)
             return
+        cache = "a prefix cache" if self.scheduler.prefix_cache else "no prefix cache"
         retimed = getattr(loaded.plan, "retimed", None)
         if retimed is not None:  # how far serving moved the costs timed at start
             print(f"[specdec] the batch plan's costs while serving, over those timed at start: {retimed()}",
