@@ -238,6 +238,21 @@ def test_two_live_requests_share_a_prefix_by_copy_and_equal_cold_starts(models):
     assert want[True] == want[False]
 
 
+def test_an_entry_that_another_holds_whole_is_not_kept(models):
+    """A 24-token prompt answered with 40 tokens leaves an entry of 63 positions; asked again its
+    lanes copy the 23 positions (less than half the entry: it stays for others) and end holding
+    the same tokens (greedy), so no second entry is kept; one stopped after 3 tokens holds a
+    prefix of it and leaves none either; one answered with 50 tokens holds all of it and more,
+    and replaces it."""
+    target, draft = models
+    prompt = sequence(24, seed=80)
+    scheduler = Scheduler(target, DraftModel(draft, k=3), kv_tokens=4096, kv_chunk=16, prefix_cache=True)
+    for tokens, cached, length in ((40, 0, 63), (40, 23, 63), (3, 23, 63), (50, 23, 73)):
+        request = scheduler.add(prompt, Options(tokens, eos_token_id=[]))
+        _finish(scheduler)
+        assert request.cached == cached and [e.length for e in target.prefixes.entries] == [length]
+
+
 def test_a_failed_round_clears_the_cache(models):
     target, draft = models
     scheduler = Scheduler(target, DraftModel(draft, k=3), kv_tokens=4096, kv_chunk=16, prefix_cache=True)

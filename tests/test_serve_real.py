@@ -43,7 +43,9 @@ def server():
     from specdec.cli.serve import build_server
     from specdec.serve.server import bound_socket
 
-    args = build_parser().parse_args(["serve", "--port", "0", "--log-level", "warning", "--max-sequences", "4"])
+    # --kv-tokens: the soak's budget, which the prefix cache fills early (see test_serve_soak's SERVER_FLAGS)
+    args = build_parser().parse_args(["serve", "--port", "0", "--log-level", "warning", "--max-sequences", "4",
+                                      "--kv-tokens", "2048"])
     uvicorn_server, worker = build_server(args)
     sock = bound_socket("127.0.0.1", 0)
     url = f"http://127.0.0.1:{sock.getsockname()[1]}"
@@ -78,7 +80,9 @@ def check_figures(usage, timings: dict, prompt_ids: list[int], tokens: list[int]
     n = tokens if isinstance(tokens, int) else len(tokens)
     assert usage.prompt_tokens == len(prompt_ids) and usage.completion_tokens == n
     assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
-    assert timings["prompt_n"] == len(prompt_ids) and timings["predicted_n"] == n
+    # prompt_n: the prompt tokens forwarded, cache_n those the prefix cache held (llama-server's)
+    assert usage.prompt_tokens_details.cached_tokens == timings["cache_n"]
+    assert timings["prompt_n"] + timings["cache_n"] == len(prompt_ids) and timings["predicted_n"] == n
     assert timings["rounds"] > 0 and timings["predicted_per_second"] > 0 and timings["prompt_ms"] > 0
     assert 0 <= timings["draft_n_accepted"] <= timings["draft_n"]
     assert sum(timings["accepted_per_position"]) == timings["draft_n_accepted"]

@@ -37,6 +37,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "(default 32768; docs/serving.md gives the bytes per position); when they are all held, "
                         "the request that asked for the most waits and later resumes; a request that could not "
                         "fit alone gets 400")
+    s.add_argument("--no-prefix-cache", action="store_true",
+                   help="forward every prompt whole: by default an ended request's K/V stay in the cache (within "
+                        "--kv-tokens, least recently used evicted first) and a later prompt that starts the same "
+                        "way (a conversation's next turn, a shared system prompt) forwards only the rest")
     s.add_argument("--no-plan", action="store_true",
                    help="guess the proposer's k every round instead of the cost model's choice per request")
     s.add_argument("--round-rows", type=int, default=None, metavar="N",
@@ -159,6 +163,6 @@ def build_server(args: argparse.Namespace):
     worker = DecodeWorker(load, ServerMetrics(name), name, defaults, args.max_queue,
                           limits=Limits(args.max_sequences, args.kv_tokens,
                                         ROUND_ROWS if args.round_rows is None else args.round_rows,
-                                        args.request_timeout, args.shutdown_timeout))
+                                        args.request_timeout, args.shutdown_timeout, not args.no_prefix_cache))
     settings = Settings(api_key=server_key(args), max_body_bytes=args.max_body_bytes, sites=sites_of(args))
     return build(worker, settings, args.host, args.port, args.log_level), worker

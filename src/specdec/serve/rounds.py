@@ -126,7 +126,8 @@ class Rounds:
         (finish_reason "abort"); one still waiting is answered `unstarted` (None: cancelled)."""
         decode = request.tag
         if request.decoding is not None:
-            self._ended(decode, lambda: decode.finish(request.decoding.result("stopped"), self.loaded.method))
+            self._ended(decode, lambda: decode.finish(request.decoding.result("stopped"), self.loaded.method,
+                                                      request.cached))
             return
         self.jobs.left()
         if unstarted is not None:
@@ -149,7 +150,7 @@ class Rounds:
             if gone.error is not None:
                 decode.fail(_error(gone.error, gone.request.decoding is None))
             else:
-                self._ended(decode, lambda: decode.finish(gone.result, self.loaded.method))
+                self._ended(decode, lambda: decode.finish(gone.result, self.loaded.method, gone.request.cached))
 
     def _ended(self, decode: Decode, finish: Callable[[], float]) -> None:
         try:

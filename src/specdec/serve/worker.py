@@ -180,7 +180,7 @@ class DecodeWorker:
         joining = f"prompts joining in rounds of up to {limits.round_rows} rows" if limits.round_rows else \
             "prompts prefilled alone"
         print(f"[specdec] serving {self.name} ({loaded.method}; up to {limits.sequences} requests at "
-              f"once, {limits.kv_tokens} K/V positions, {joining})", file=sys.stderr, flush=True)
+              f"once, {limits.kv_tokens} K/V positions, {joining}, {cache})", file=sys.stderr, flush=True)
         try:
             self._rounds.serve()
         except BaseException as e:  # noqa: BLE001 - the watchdog: report, answer everyone, stop the server

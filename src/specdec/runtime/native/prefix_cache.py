@@ -106,12 +106,20 @@ class PrefixCache:
         return found.length
 
     def park(self, lane: NativeLM) -> None:
-        """End `lane`'s sequence keeping its positions as an entry (the lane holds nothing after;
-        a lane without positions is simply released)."""
+        """End `lane`'s sequence keeping its positions as an entry (the lane holds nothing after).
+        An entry that holds a prefix of another holds nothing a lane could not take from that one
+        (the same prompt answered again, a client that left part way): only the longer stays, as
+        recently used as the two."""
         self._live.discard(lane)
-        if not lane.length:
+        tokens = lane.held_tokens
+        covering = next((e for e in self.entries if _starts(e.held[: e.length], tokens)), None) if lane.length else None
+        if covering is not None or not lane.length:
             lane.release()
+            if covering is not None:
+                covering.used = next(self._clock)
             return
+        for entry in [e for e in self.entries if _starts(tokens, e.held[: e.length])]:
+            self._drop(entry)
         entry = lane.hand_over()
         entry.used = next(self._clock)
         self.entries.append(entry)
@@ -145,3 +153,8 @@ class PrefixCache:
         for lane in list(self._live):
             if lane.length:
                 yield lane, lane.held_tokens
+
+
+def _starts(longer: torch.Tensor, prefix: torch.Tensor) -> bool:
+    """Whether `longer` starts with `prefix`."""
+    return prefix.numel() <= longer.numel() and shared_prefix(longer, prefix) == prefix.numel()
