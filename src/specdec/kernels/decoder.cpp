@@ -262,21 +262,65 @@ void exp_shifted(float* x, int64_t n, float top) {
     for (int64_t j = 0; j < n; ++j) x[j] = exp_nonpositive(x[j] - top);
 }
 
-// o[0 .. V * kLanes) += w[j] * value j's same outputs for the keys j0 .. j1 of a row, in that order
-// (values: the head's value of slot 0 at the first of those outputs, D floats a slot). V
-// accumulators side by side: each add waits on the one before it in its output's sum, so it takes
-// V independent sums to keep the CPU's adders busy (2 left a prefill's weighted sums
-// latency-bound).
-template <int V>
-inline void add_weighted(float* o, const float* w, const float* values, int64_t D, const Seen& row, int64_t j0,
-                         int64_t j1) {
-    Lanes acc[V];
-    for (int i = 0; i < V; ++i) acc[i] = load(o + i * kLanes);
+// o[h][0 .. V * kLanes) += w[h][j] * value j's same outputs for the keys j0 .. j1 of a row, in
+// that order, for H heads of one K/V group (values: the group's value of slot 0 at the first of
+// those outputs, D floats a slot). V x H accumulators side by side: each add waits on the one
+// before it in its output's sum, so it takes about 16 independent sums to keep the CPU's adders
+// busy (2 left a prefill's weighted sums latency-bound), and the heads share each value's load.
+template <int V, int H>
+inline void add_weighted(float* const* o, const float* const* w, const float* values, int64_t D, const Seen& row,
+                         int64_t j0, int64_t j1) {
+    Lanes acc[H][V];
+    for (int h = 0; h < H; ++h)
+        for (int i = 0; i < V; ++i) acc[h][i] = load(o[h] + i * kLanes);
     for (int64_t j = j0; j < j1; ++j) {
         const float* v = values + row.slot(j) * D;
-        for (int i = 0; i < V; ++i) acc[i] = acc[i] + w[j] * load(v + i * kLanes);
+        for (int i = 0; i < V; ++i) {
+            const Lanes value = load(v + i * kLanes);
+            for (int h = 0; h < H; ++h) acc[h][i] = acc[h][i] + w[h][j] * value;
+        }
     }
-    for (int i = 0; i < V; ++i) store(o + i * kLanes, acc[i]);
+    for (int h = 0; h < H; ++h)
+        for (int i = 0; i < V; ++i) store(o[h] + i * kLanes, acc[h][i]);
+}
+
+// add_weighted for n <= H heads (a group's last few), the head count a template argument.
+template <int V, int H>
+inline void add_weighted_heads(int n, float* const* o, const float* const* w, const float* values, int64_t D,
+                               const Seen& row, int64_t j0, int64_t j1) {
+    if (n == H) return add_weighted<V, H>(o, w, values, D, row, j0, j1);
+    if constexpr (H > 1) add_weighted_heads<V, H - 1>(n, o, w, values, D, row, j0, j1);
+}
+
+// A row's weighted values over keys j0 .. j1 for heads [h0, h1): outputs V * kLanes at a time,
+// heads 16 / V at a time (o: the row's first head's output, D floats a head; w: its weights,
+// `stride` floats a head).
+template <int V>
+void weighted_values(float* o, const float* w, int64_t stride, int64_t nh, const float* values, int64_t D,
+                     const Seen& row, int64_t j0, int64_t j1) {
+    constexpr int H = 16 / V;
+    for (int64_t c = 0; c < D; c += V * kLanes)
+        for (int64_t h = 0; h < nh; h += H) {
+            const int n = int(std::min<int64_t>(H, nh - h));
+            float* os[H];
+            const float* ws[H];
+            for (int i = 0; i < n; ++i) os[i] = o + (h + i) * D + c, ws[i] = w + (h + i) * stride;
+            add_weighted_heads<V, H>(n, os, ws, values + c, D, row, j0, j1);
+        }
+}
+
+// Softmax totals of a row's heads: totals[h] = p[h][0] + p[h][1] + ... + p[h][count - 1] in
+// that order, four heads' sums side by side (one alone is an add's latency per key).
+void sum_weights(const float* p, int64_t stride, int64_t nh, int64_t count, float* totals) {
+    constexpr int kChains = 4;
+    for (int64_t h = 0; h < nh; h += kChains) {
+        const float* q[kChains];
+        for (int i = 0; i < kChains; ++i) q[i] = p + std::min(h + i, nh - 1) * stride;  // past nh: repeats, unused
+        float t[kChains] = {};
+        for (int64_t j = 0; j < count; ++j)
+            for (int i = 0; i < kChains; ++i) t[i] = t[i] + q[i][j];
+        for (int i = 0; i < kChains && h + i < nh; ++i) totals[h + i] = t[i];
+    }
 }
 
 // Rows [r0, r1) and query heads [h0, h1), all of K/V head kvh, each (row, head) over the slots
@@ -295,8 +339,10 @@ void attend_tile(const SdModel& m, const SdLayer& L, const float* qkv, int64_t r
         tile_rows[r - r0] = seen(vis, r);
         most = std::max(most, tile_rows[r - r0].count);
     }
-    scores.resize(pairs * most);
-    tops.assign(pairs, -INFINITY);
+    // A (row, head)'s scores, `stride` floats apart: room for a whole last run of kKeyRun.
+    const int64_t stride = (most + kKeyRun - 1) / kKeyRun * kKeyRun;
+    scores.resize(pairs * stride);
+    tops.assign(pairs * kLanes, -INFINITY);
     totals.resize(pairs);
     // Plain pointers: a thread_local's every use in a shared library may be a call.
     float *score_at = scores.data(), *top = tops.data(), *total_at = totals.data();
@@ -310,7 +356,9 @@ void attend_tile(const SdModel& m, const SdLayer& L, const float* qkv, int64_t r
             if (j0 >= row.count) continue;
             const int64_t n = std::min(kKeyRun, row.count - j0);
             const float* k[kKeyRun];
-            for (int64_t i = 0; i < kKeyRun; ++i) k[i] = keys + row.slot(j0 + (i < n ? i : 0)) * D;  // past n: scored, unused
+            // past n: key j0 again, scored and stored past the row's count (unused), its max a
+            // score the run already has
+            for (int64_t i = 0; i < kKeyRun; ++i) k[i] = keys + row.slot(j0 + (i < n ? i : 0)) * D;
             // The CPU's own prefetchers start too late on these streams: the next run's keys into
             // L1, their values into L2 for the weighted sums that follow the scores (once a run:
             // a tile's rows share their keys but for a tree's own nodes).
@@ -324,41 +372,42 @@ void attend_tile(const SdModel& m, const SdLayer& L, const float* qkv, int64_t r
                 const int64_t pair = (r - r0) * nh + (h - h0);
                 Lanes acc[kKeyRun];
                 run_dots(qkv + r * width + h * D, k, D, acc);
-                float got[kKeyRun];
-                store(got, reduce_run(acc));
-                for (int64_t i = 0; i < n; ++i) {
-                    const float score = got[i] * m.attn_scale;
-                    score_at[pair * most + j0 + i] = score;
-                    top[pair] = std::fmax(top[pair], score);
-                }
+                const Lanes got = reduce_run(acc) * m.attn_scale;
+                store(score_at + pair * stride + j0, got);
+                // Each lane's running max: a NaN score never replaces it (as fmax), and which of
+                // +0 and -0 stays changes no weight exp(score - max)
+                const Lanes best = load(top + pair * kLanes);
+                store(top + pair * kLanes, got > best ? got : best);
             }
         }
     }
-    // Softmax weights of each (row, head), key by key, in place of its scores.
-    for (int64_t r = r0; r < r1; ++r)
+    // Softmax weights of each (row, head), key by key, in place of its scores, and their sums.
+    for (int64_t r = r0; r < r1; ++r) {
+        const int64_t count = seen_at[r - r0].count;
         for (int64_t h = h0; h < h1; ++h) {
-            const int64_t pair = (r - r0) * nh + (h - h0), count = seen_at[r - r0].count;
-            float* p = score_at + pair * most;
-            exp_shifted(p, count, top[pair]);
-            float total = 0.f;
-            for (int64_t j = 0; j < count; ++j) total = total + p[j];
-            total_at[pair] = total;
+            const int64_t pair = (r - r0) * nh + (h - h0);
+            float most_of = -INFINITY;
+            for (int i = 0; i < kLanes; ++i) most_of = top[pair * kLanes + i] > most_of ? top[pair * kLanes + i] : most_of;
+            exp_shifted(score_at + pair * stride, count, most_of);
             std::fill_n(out + (r * m.heads + h) * D, D, 0.f);
         }
+        sum_weights(score_at + (r - r0) * nh * stride, stride, nh, count, total_at + (r - r0) * nh);
+    }
     // o += weight * value key by key; a block of keys at a time, up to 128 of a head's outputs
     // held in registers over the block (each output still sums its keys in ascending order).
     for (int64_t j0 = 0; j0 < most; j0 += kKeyBlock)
         for (int64_t r = r0; r < r1; ++r) {
             const Seen& row = seen_at[r - r0];
             const int64_t j1 = std::min(j0 + kKeyBlock, row.count);
-            for (int64_t h = h0; h < h1; ++h) {
-                const float* w = score_at + ((r - r0) * nh + (h - h0)) * most;
-                float* o = out + (r * m.heads + h) * D;
-                if (D % (8 * kLanes) == 0)
-                    for (int64_t c = 0; c < D; c += 8 * kLanes) add_weighted<8>(o + c, w, values + c, D, row, j0, j1);
-                else
-                    for (int64_t c = 0; c < D; c += 2 * kLanes) add_weighted<2>(o + c, w, values + c, D, row, j0, j1);
-            }
+            if (j0 >= j1) continue;
+            float* o = out + (r * m.heads + h0) * D;
+            const float* w = score_at + (r - r0) * nh * stride;
+            if (D % (8 * kLanes) == 0)
+                weighted_values<8>(o, w, stride, nh, values, D, row, j0, j1);
+            else if (D % (4 * kLanes) == 0)
+                weighted_values<4>(o, w, stride, nh, values, D, row, j0, j1);
+            else
+                weighted_values<2>(o, w, stride, nh, values, D, row, j0, j1);
         }
     for (int64_t r = r0; r < r1; ++r)
         for (int64_t h = h0; h < h1; ++h) {
