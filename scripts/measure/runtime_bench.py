@@ -2,7 +2,8 @@
 decode step against today's path (transformers + QuantLinear through CausalLM), the 0.5B
 draft's step (int4 with the full and a 32768-id head, int3 with the 32768-id head), a step's
 profile, where a forward's time goes by stage over 1-16 rows (`--parts rows`: a block of one
-sequence and one row each of n lanes, target and int3 draft; `--sizes` for other row counts),
+sequence and one row each of n lanes, target and int3 draft; `--sizes` for other row counts,
+`--rows-context` for the tokens each lane holds before them),
 prefill tokens/s of a long prompt by stage (`--parts prefill`: the HumanEval prompts' text cut
 to `--prefill-tokens`), and optionally paired tok/s of plain decoding against draft:k=3 on
 HumanEval prompts. `--kernels DIR` builds the native decoder from DIR's decoder.cpp and
@@ -183,6 +184,9 @@ def main() -> None:
     parser.add_argument("--parts", nargs="+", default=["bandwidth", "target", "draft", "profile"],
                         choices=["bandwidth", "target", "draft", "profile", "rows", "prefill", "toks"])
     parser.add_argument("--sizes", default="1,2,4,8,16", help="row counts of --parts rows, comma-separated")
+    parser.add_argument("--rows-context", type=int, default=0,
+                        help="--parts rows after this many tokens of the HumanEval text in each lane (default: "
+                             "HumanEval/0's chat prompt, ~150 tokens)")
     parser.add_argument("--prefill-tokens", type=int, default=2000)
     parser.add_argument("--repeats", type=int, default=3, help="prefills timed per model (after one warm-up)")
     parser.add_argument("--kernels", type=Path, help="a folder with another decoder.cpp and qgemm.cpp to build")
@@ -195,7 +199,9 @@ def main() -> None:
     sizes = tuple(int(n) for n in args.sizes.split(","))
     tokenizer = load_tokenizer(TARGET)
     prompt = humaneval(tokenizer, 1)[0]
-    report: dict = {"cpu": cpu(), "prompt_tokens": prompt.numel(), "kernels": str(args.kernels or "specdec's")}
+    rows_prompt = long_prompt(tokenizer, args.rows_context) if args.rows_context else prompt
+    report: dict = {"cpu": cpu(), "prompt_tokens": prompt.numel(), "rows_context": rows_prompt.numel(),
+                    "kernels": str(args.kernels or "specdec's")}
     if "bandwidth" in args.parts:
         report["read_GBps"] = bandwidth()
     target = load_gguf(TARGET, "int4")
@@ -212,7 +218,7 @@ def main() -> None:
     if "profile" in args.parts:
         report["profile_target"] = profile(target, prompt)
     if "rows" in args.parts:
-        report["rows_target"] = row_profiles(target, prompt, sizes)
+        report["rows_target"] = row_profiles(target, rows_prompt, sizes)
     if "prefill" in args.parts:
         report["prefill_target"] = prefill_profile(target, long_prompt(tokenizer, args.prefill_tokens), args.repeats)
     if {"draft", "rows", "prefill", "toks"} & set(args.parts):
@@ -230,7 +236,7 @@ def main() -> None:
             report["profile_draft_int3_32768"] = profile(drafts["draft_int3_32768"], prompt)
         int3 = load_gguf(DRAFT, "int3", head_ids=keep) if {"rows", "prefill"} & set(args.parts) else None
         if "rows" in args.parts:
-            report["rows_draft_int3_32768"] = row_profiles(int3, prompt, sizes)
+            report["rows_draft_int3_32768"] = row_profiles(int3, rows_prompt, sizes)
         if "prefill" in args.parts:
             report["prefill_draft_int3_32768"] = prefill_profile(int3, long_prompt(tokenizer, args.prefill_tokens),
                                                                  args.repeats)
