@@ -27,6 +27,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_method_args(g, default="auto")
     add_sampling_args(g)
     add_penalty_args(g)
+    shape = g.add_mutually_exclusive_group()
+    shape.add_argument("--json-schema", metavar="FILE", help="the output is JSON valid under this JSON schema file")
+    shape.add_argument("--grammar", metavar="FILE",
+                       help="the output matches this grammar file (llama.cpp's GBNF, or llguidance's Lark)")
     g.add_argument("--raw", action="store_true", help="do not apply the chat template")
     g.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
     g.add_argument("--color", choices=["auto", "always", "never"], default="auto",
@@ -43,6 +47,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     at_least_one(args, "max_new_tokens")
     check_sampling(args)  # every option before a model loads: a bad value is the only line printed
     penalties = penalties_of(args)
+    grammar = _grammar(args)
     spec = spec_of(args, method_of(args), args.pay_rule)
     loaded = load(spec)
     tokenizer = loaded.tokenizer
@@ -56,7 +61,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
             max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
             min_p=args.min_p,
             seed=args.seed, on_commit=streamer.on_commit if streamer else None,
-            rules=penalties.rules(len(prompt), lm.vocab_size),
+            rules=penalties.rules(len(prompt), lm.vocab_size) + _grammar_rules(grammar, tokenizer, lm, len(prompt)),
         )
     except GenerationInterrupted as interrupt:  # Ctrl-C: still show what was committed
         result, code = interrupt.result, 130
@@ -67,6 +72,36 @@ def cmd_generate(args: argparse.Namespace) -> int:
         streamer.finish()
         print(summary_line(result), file=sys.stderr)
     return code
+
+
+def _grammar(args: argparse.Namespace):
+    """--json-schema FILE or --grammar FILE as a constrain.Grammar (None: neither), read and
+    checked before any model loads."""
+    from ..constrain import gbnf, json_schema
+
+    path = args.json_schema or args.grammar
+    if path is None:
+        return None
+    flag = "--json-schema" if args.json_schema else "--grammar"
+    try:
+        text = Path(path).read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise SpecdecError(f"{flag}: cannot read {path} ({e})") from None
+    if args.grammar:
+        return gbnf(text, f"--grammar {path}")
+    try:
+        schema = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise SpecdecError(f"--json-schema {path} is not JSON ({e}): give a JSON schema file") from None
+    return json_schema(schema, f"--json-schema {path}")
+
+
+def _grammar_rules(grammar, tokenizer, lm, prompt_length: int) -> tuple:
+    from ..constrain import grammar_rule
+
+    if grammar is None:
+        return ()
+    return (grammar_rule(grammar, tokenizer, lm.vocab_size, lm.eos_token_ids, prompt_length),)
 
 
 def _json_result(tokenizer, result) -> dict:
