@@ -15,7 +15,7 @@ import torch
 from conftest import perturbed
 from test_runtime import sequence, tiny
 
-from specdec import DraftModel, Hybrid, PromptLookup
+from specdec import DraftModel, Hybrid, PromptLookup, TreeDraft
 from specdec.decode.scheduler import Scheduler
 from specdec.decode.sequence import Options
 from specdec.proposers.suffix import SuffixHybrid, SuffixProposer
@@ -28,6 +28,7 @@ PROPOSERS = {
     "lookup": lambda draft: PromptLookup(k=3),
     "hybrid": lambda draft: Hybrid(DraftModel(draft, k=3), PromptLookup(k=3)),
     "suffix": lambda draft: SuffixHybrid(DraftModel(draft, k=3), SuffixProposer(k=6)),
+    "tree": lambda draft: TreeDraft(DraftModel(draft, k=3), width=2),
 }
 
 
@@ -95,6 +96,31 @@ def test_later_turns_start_from_the_cache_and_equal_a_cold_start(models, method,
     warm, cached = _converse(target, PROPOSERS[method](draft), turns, cache=True, **kw)
     assert warm == cold and none == [None, None, None]
     assert cached == [0, 40 + len(cold[0]) - 1, 40 + len(cold[0]) + 9 + len(cold[1]) - 1]
+
+
+@pytest.mark.parametrize("cut", [1, 37, 128, 255, 256])
+@pytest.mark.parametrize("adopt", [True, False])
+def test_a_lane_started_from_the_cache_computes_every_row_as_a_cold_one(models, cut, adopt):
+    """Rows forwarded after a cached prefix (an entry's run taken over, or a live lane's slots
+    copied) have the bits of the same rows of a lane that forwarded everything, in another
+    chunking: the prompt's last row, then a block of 4 rows, compared with torch.equal."""
+    target, _ = models
+    first, block = sequence(300, seed=90), sequence(4, seed=91)
+    prompt = torch.cat([first[:cut], (first[cut : cut + 1] + 1) % 96, sequence(299 - cut, seed=92)])
+    cold = target.lane(16)
+    want = [cold.prefill(prompt), cold.forward(block)]
+    cold.release()
+    source = target.lane(16)
+    target.prefixes.start(source, first)  # a live lane (nothing cached yet)
+    source.prefill(first[: 2 * cut])
+    if adopt:
+        target.prefixes.park(source)  # an entry of which the prompt reuses half
+    warm = target.lane(16)
+    assert target.prefixes.start(warm, prompt) == cut and not target.prefixes.entries
+    got = [warm.prefill(prompt, reuse=True), warm.forward(block)]
+    for lane in (warm, source):
+        lane.release()
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
 
 
 def _plan(running, most, riding):
@@ -251,6 +277,34 @@ def test_an_entry_that_another_holds_whole_is_not_kept(models):
         request = scheduler.add(prompt, Options(tokens, eos_token_id=[]))
         _finish(scheduler)
         assert request.cached == cached and [e.length for e in target.prefixes.entries] == [length]
+
+
+def test_generate_continues_a_conversation_on_its_own_runtime_with_reuse_prefix(models):
+    """The library's way (no scheduler, no prefix cache): generate(reuse_prefix=True) on one
+    runtime and one drafter keeps what their caches hold of the next prompt, so a second turn
+    forwards only its new rows through the target, and gives the tokens of a cold start."""
+    from specdec import generate
+
+    target, draft = models
+    lm, drafter = target.lane(16), DraftModel(draft.lane(16), k=3)
+    first = sequence(50, seed=95)
+    out = generate(lm, first, drafter=drafter, max_new_tokens=8, eos_token_id=[], reuse_prefix=True).new_tokens
+    second = torch.cat([first, torch.tensor(out), sequence(6, seed=96)])
+    rows = []
+    forward = lm.decoder.forward
+
+    def counting(r):
+        rows.append(r.tokens.numel())
+        return forward(r)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(lm.decoder, "forward", counting)
+        warm = generate(lm, second, drafter=drafter, max_new_tokens=1, eos_token_id=[], reuse_prefix=True)
+    assert sum(rows) == 1 + 6  # the first answer's last token, then the new ones
+    cold_lm = target.lane(16)
+    assert warm.new_tokens == generate(cold_lm, second, max_new_tokens=1, eos_token_id=[]).new_tokens
+    for lane in (lm, drafter.lm, cold_lm):
+        lane.release()
 
 
 def test_a_failed_round_clears_the_cache(models):
