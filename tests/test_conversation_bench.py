@@ -80,16 +80,19 @@ def test_each_turn_resends_the_history_and_the_answers_are_the_servers_own(tmp_p
         turns = next(c["turns"] for c in CONVERSATIONS if c["question_id"] == row["conversation"])
         assert len(row["turns"]) == len(turns)
         history: list[dict] = []
+        sent = 0  # the tokens of the turn before: its prompt and answer
         for text, turn in zip(turns, row["turns"]):
             history.append({"role": "user", "content": text})
             ids = encode_messages(tokenizer, history)
             assert turn["prompt_tokens"] == len(ids)  # the whole history, earlier answers included
+            assert sent - 1 <= turn["cached_tokens"] < len(ids)  # the server's prefix cache held the turn before
             n = turn["completion_tokens"]
             assert 1 <= n <= TURNS
             alone = generate(lm, ids, max_new_tokens=n, eos_token_id=[]).new_tokens
             assert turn["text"] == tokenizer.decode(alone, skip_special_tokens=True)  # the target's own answer
             assert turn["decode_tokens"] == n - 1 and turn["ttft_s"] > 0 and turn["wall_s"] >= turn["ttft_s"]
             history.append({"role": "assistant", "content": turn["text"]})
+            sent = len(ids) + n
         assert row["wall_s"] >= sum(t["wall_s"] for t in row["turns"])
 
 
@@ -130,8 +133,10 @@ def test_the_summary_is_the_rows(tmp_path, servers, dataset):
                                                                                for r in mine)
         assert s["per_turn"][2]["decode_tokens_per_s"]["median"] == pytest.approx(statistics.median(
             r["turns"][2]["decode_tokens_per_s"] for r in mine if r["turns"][2]["decode_tokens_per_s"]))
-    vs = summary["servers"]["spec"]["vs_baseline"]
-    assert vs["baseline"] == "plain" and "vs_baseline" not in summary["servers"]["plain"]
+    vs = summary["servers"]["spec"]["vs"]["plain"]
+    assert summary["servers"]["spec"]["baseline"] == summary["servers"]["plain"]["baseline"] == "plain"
+    back = summary["servers"]["plain"]["vs"]["spec"]  # every pair both ways
+    assert back["wall_speedup"]["per_prompt"]["c1"] == pytest.approx(1 / vs["wall_speedup"]["per_prompt"]["c1"])
     walls = [by[("plain", c)]["wall_s"] / by[("spec", c)]["wall_s"] for c in ("c1", "c2")]
     assert vs["wall_speedup"]["median"] == pytest.approx(statistics.median(walls))
     ttft = [statistics.geometric_mean([p["ttft_s"] / q["ttft_s"] for p, q in zip(

@@ -1,9 +1,9 @@
 """The summary of a conversation bench, from its rows only (bench.conversation): per server the
 medians of each turn (time to first token, decode tokens/s, prompt and cached tokens), of the
-first turn and of the follow-up turns, of the conversations' wall time; and against the
-baseline server, per conversation paired ratios (the baseline's over the server's: above 1 the
-server is faster) with their median and bootstrap interval, and how many conversations got the
-baseline's answers word for word."""
+first turn and of the follow-up turns, of the conversations' wall time; and against every other
+server, per conversation paired ratios (the other's over the server's: above 1 the server is
+faster) with their median and bootstrap interval, and how many conversations got the other's
+answers word for word (a server with and without its prefix cache: all of them)."""
 
 from __future__ import annotations
 
@@ -15,21 +15,18 @@ TURN_FIELDS = ("ttft_s", "decode_tokens_per_s", "prompt_tokens", "cached_tokens"
 
 
 def summarize_conversations(rows: list[dict], config: dict) -> dict:
-    """{"servers": {name: summary}}; each server's "vs_baseline" where config names a baseline
-    for it (config["baselines"]: server -> baseline server)."""
+    """{"servers": {name: summary}}, each server's "vs" every other server that has rows, and its
+    "baseline" where config names one (config["baselines"]: server -> baseline server)."""
     by_server: dict[str, dict[str, dict]] = {}
     for r in rows:
         by_server.setdefault(r["server"], {})[r["conversation"]] = r
     baselines = config.get("baselines") or {}
+    names = [name for name in config["methods"] if by_server.get(name)]
     out = {}
-    for name in config["methods"]:
-        mine = by_server.get(name, {})
-        if not mine:
-            continue
-        out[name] = server_summary(list(mine.values()))
-        base = baselines.get(name)
-        if base and base != name and by_server.get(base):
-            out[name]["vs_baseline"] = {"baseline": base, **paired(mine, by_server[base])}
+    for name in names:
+        out[name] = server_summary(list(by_server[name].values()))
+        out[name]["baseline"] = baselines.get(name) if baselines.get(name) in names else None
+        out[name]["vs"] = {other: paired(by_server[name], by_server[other]) for other in names if other != name}
     return {"servers": out, "max_tokens": config.get("max_tokens"), "concurrency": config.get("concurrency")}
 
 
@@ -83,9 +80,9 @@ def digest(summary: dict) -> str:
         line = (f"  {name:<18} wall {med(s['wall_s']):7.1f} s, turn 1 TTFT {med(s['first_turn']['ttft_s']):6.2f} s, "
                 f"follow-up TTFT {med(follow.get('ttft_s')):6.2f} s, decode "
                 f"{med(follow.get('decode_tokens_per_s')):6.1f} tok/s, cached {med(follow.get('cached_tokens')):6.0f}")
-        vs = s.get("vs_baseline")
+        vs = s["vs"].get(s["baseline"]) if s["baseline"] and s["baseline"] != name else None
         if vs and vs["wall_speedup"]:
-            line += f"; vs {vs['baseline']}: wall {vs['wall_speedup']['median']:.2f}x"
+            line += f"; vs {s['baseline']}: wall {vs['wall_speedup']['median']:.2f}x"
             if vs["follow_up_ttft_speedup"]:
                 line += f", follow-up TTFT {vs['follow_up_ttft_speedup']['median']:.2f}x"
             line += f", same answers {vs['same_answers']}/{vs['conversations']}"
