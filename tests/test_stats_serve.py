@@ -27,9 +27,9 @@ def records(monkeypatch) -> list:
     """The records the worker finishes requests with, as it hands them to the reply."""
     seen, finish = [], Decode.finish
 
-    def spy(self, result, method):
+    def spy(self, result, *rest):
         seen.append(result.stats)
-        return finish(self, result, method)
+        return finish(self, result, *rest)
 
     monkeypatch.setattr(Decode, "finish", spy)
     return seen
