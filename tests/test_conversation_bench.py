@@ -80,19 +80,19 @@ def test_each_turn_resends_the_history_and_the_answers_are_the_servers_own(tmp_p
         turns = next(c["turns"] for c in CONVERSATIONS if c["question_id"] == row["conversation"])
         assert len(row["turns"]) == len(turns)
         history: list[dict] = []
-        sent = 0  # the tokens of the turn before: its prompt and answer
+        before = 0  # the prompt of the turn before, a prefix of this turn's (its answer may tokenize otherwise)
         for text, turn in zip(turns, row["turns"]):
             history.append({"role": "user", "content": text})
             ids = encode_messages(tokenizer, history)
             assert turn["prompt_tokens"] == len(ids)  # the whole history, earlier answers included
-            assert sent - 1 <= turn["cached_tokens"] < len(ids)  # the server's prefix cache held the turn before
+            assert before <= turn["cached_tokens"] < len(ids)  # the server's prefix cache held the turn before
             n = turn["completion_tokens"]
             assert 1 <= n <= TURNS
             alone = generate(lm, ids, max_new_tokens=n, eos_token_id=[]).new_tokens
             assert turn["text"] == tokenizer.decode(alone, skip_special_tokens=True)  # the target's own answer
             assert turn["decode_tokens"] == n - 1 and turn["ttft_s"] > 0 and turn["wall_s"] >= turn["ttft_s"]
             history.append({"role": "assistant", "content": turn["text"]})
-            sent = len(ids) + n
+            before = len(ids)
         assert row["wall_s"] >= sum(t["wall_s"] for t in row["turns"])
 
 
