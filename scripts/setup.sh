@@ -27,9 +27,9 @@ echo "[setup] installing specdec, torch==2.13.0 (CPU) and the model packages (ab
 .venv/bin/python -c "from specdec import kernels; kernels.library()"  # the int8/int4 kernels, compiled once per CPU
 if [ "$llamacpp" = 1 ]; then
   bash scripts/setup_llamacpp.sh  # llama.cpp, the reference runtime for the GGUF models (built once)
-  bash scripts/setup_llama_server.sh  # llama.cpp's own server, for bench/check --endpoint tests (built once, cached)
+  bash scripts/setup_llama_server.sh  # llama-server and llama-bench for this CPU (bench/check --endpoint tests; built once, cached)
 else
   echo "[setup] llama.cpp not built: generate does not use it. The comparisons with it (bench's llamacpp"
-  echo "        methods, advise's llama.cpp line, the tests) need it: bash scripts/setup.sh builds it once (~11 CPU-minutes)"
+  echo "        methods, advise's llama.cpp line, the tests) need it: bash scripts/setup.sh builds it once (~13 CPU-minutes)"
 fi
 echo "[setup] done: .venv/bin/specdec is ready"
