@@ -30,6 +30,10 @@ DERIVED = ("acceptance_rate", "mean_accepted_length", "position_acceptance", "to
 
 @dataclass
 class GenerationStats:
+    """The counts and phase times of one generation (or, pooled, of several). The decode loop
+    (decode.sequence.Decoding) fills it round by round and its plan reads it live, so it is not
+    frozen; everyone else reads it."""
+
     rounds: int = 0
     target_calls: int = 0
     draft_calls: int = 0  # includes the draft's prefill call (its time is charged to prefill)
