@@ -35,7 +35,10 @@ def tiny(tmp_path_factory):
     target, draft = gguf_pair(folder)
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(store, "cache_root", lambda: folder / "cache")
-        return load_gguf(target), load_gguf(draft), tokenizer_of(target)
+        lm, tokenizer = load_gguf(target), tokenizer_of(target)
+        # the draft's full head, and a head without the tokens the grammar allows first
+        return lm, load_gguf(draft), load_gguf(draft, head_ids=head_without_the_first_letters(lm, tokenizer)), \
+            tokenizer
 
 
 def rule(lm, tokenizer, prompt_length: int):
@@ -58,8 +61,20 @@ def constrained_joint(lm, tokenizer, prompt: list[int]) -> dict:
     return joint
 
 
-def test_speculative_sampling_under_a_grammar_follows_the_constrained_target(tiny):
-    target, draft, tokenizer = tiny
+def head_without_the_first_letters(lm, tokenizer) -> torch.Tensor:
+    """A restricted draft head holding none of the tokens the grammar allows first (a, b, c and
+    their merges): its ruled first row has no finite entry."""
+    banned = {t for t in range(lm.vocab_size) if tokenizer.decode([t]).strip() and
+              tokenizer.decode([t])[0] in "abc"}
+    return torch.tensor([t for t in range(lm.vocab_size) if t not in banned])
+
+
+@pytest.mark.parametrize("head", [False, True])
+def test_speculative_sampling_under_a_grammar_follows_the_constrained_target(tiny, head):
+    """With the restricted head, the draft's first ruled row is empty (decode.ruled then sends its
+    own row: every first guess rejected, the residual the target's row)."""
+    target, full, restricted, tokenizer = tiny
+    draft = restricted if head else full
     prompt = tokenizer.encode("Pick: ", add_special_tokens=False)
     exact = constrained_joint(target, tokenizer, prompt)
     assert len({k[:3] for k in exact}) >= 12  # the grammar's 18 strings, some as other tokenizations

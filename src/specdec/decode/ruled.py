@@ -78,7 +78,11 @@ def _rule_draft_row(rules: Sequence[LogitsRule], row: torch.Tensor, tokens: torc
     """One draft row [columns] through the rules over the target's vocabulary, in its own columns."""
     if head_ids is not None:
         full = torch.full((vocab,), float("-inf"), dtype=row.dtype, device=row.device).index_copy_(0, head_ids, row)
-        return apply_rules(rules, full[None], tokens, tokens.numel())[0].index_select(0, head_ids)
+        ruled = apply_rules(rules, full[None], tokens, tokens.numel())[0].index_select(0, head_ids)
+        # A grammar may allow none of the head's ids: the draft's own row keeps q a distribution
+        # (an all -inf row has none), and its guess, which the target's masked row gives p = 0, is
+        # rejected with the residual the target's row itself: exact, the round's guesses wasted.
+        return ruled if bool(torch.isfinite(ruled).any()) else row
     if row.numel() < vocab:  # a draft with fewer ids than the target: it can propose none of the rest
         row = torch.cat([row, row.new_full((vocab - row.numel(),), float("-inf"))])
     return apply_rules(rules, row[None, :vocab], tokens, tokens.numel())[0]
