@@ -28,6 +28,7 @@
 //       subs   [T][K/16][16] i8 sub-scales; supers [T][ceil(G/gps)][16] f32 (a super-block is
 //              gps groups of 16: 16 for Q6_K and rounded weights, 2 for Q8_0's scale per 32).
 //       w = scale*sub_scale*(q - zero).
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <cstdint>
@@ -699,26 +700,34 @@ void vector_tile(const W& w, const Acts& a, int64_t K, int64_t t, int64_t r0, in
 }
 #endif
 
-// y[rows, N] for every tile, the rows in chunks of kMaxRows; each tile is one thread's work, so
-// the split over threads cannot change an output.
-// `wide` (null or the AMX path) takes chunks of more than kMaxRows rows, up to kWideRows.
+// The int8 activations of a block of rows that every tile passes over before the next block: they
+// stay in L2 meanwhile, where all rows at once (a prefill's) were read again from L3 for each tile.
+constexpr int64_t kBlockBytes = 192 * 1024;
+
+// y[rows, N] for every tile, the rows in chunks of kMaxRows (blocks of whole chunks, one after
+// another); each (tile, chunk) is one thread's work, so the split over threads cannot change an
+// output. `wide` (null or the AMX path) takes chunks of more than kMaxRows rows, up to kWideRows.
 template <typename W, typename Tile>
 void run(const W& w, const Acts& a, int64_t rows, int64_t K, int64_t N, const float* bias, void* out, int out_bf16,
          Tile tile, Tile wide = nullptr) {
     const int64_t T = N / 16;
     const int most = wide && rows > kMaxRows ? kWideRows : kMaxRows;
+    const int64_t block = std::max<int64_t>(most, kBlockBytes / K / most * most);
 #pragma omp parallel
     {
 #if SD_AMX
         const AmxScope tiles(most > kMaxRows);
 #endif
+        for (int64_t b0 = 0; b0 < rows; b0 += block) {
+            const int64_t b1 = std::min(rows, b0 + block);
 #pragma omp for schedule(static)
-        for (int64_t t = 0; t < T; ++t) {
-            float acc[kWideRows][16];
-            for (int64_t r0 = 0; r0 < rows; r0 += most) {
-                const int chunk = int(rows - r0 < most ? rows - r0 : most);
-                (chunk > kMaxRows ? wide : tile)(w, a, K, t, r0, chunk, acc);
-                for (int r = 0; r < chunk; ++r) store_out(acc[r], bias, t * 16, out, out_bf16, (r0 + r) * N + t * 16);
+            for (int64_t t = 0; t < T; ++t) {
+                float acc[kWideRows][16];
+                for (int64_t r0 = b0; r0 < b1; r0 += most) {
+                    const int chunk = int(b1 - r0 < most ? b1 - r0 : most);
+                    (chunk > kMaxRows ? wide : tile)(w, a, K, t, r0, chunk, acc);
+                    for (int r = 0; r < chunk; ++r) store_out(acc[r], bias, t * 16, out, out_bf16, (r0 + r) * N + t * 16);
+                }
             }
         }
     }
