@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -34,11 +33,11 @@ TURNS = [
 
 
 def serve(port: int, *extra: str) -> subprocess.Popen:
-    command = [sys.executable, "-m", "specdec", "serve", "--port", str(port), "--log-level", "warning",
+    command = [sys.executable, "-m", "specdec.cli", "serve", "--port", str(port), "--log-level", "warning",
                "--served-model-name", "default", *extra]
-    server = subprocess.Popen(command, stderr=subprocess.DEVNULL)
+    server = subprocess.Popen(command, stderr=open(f"/tmp/serve_prefix_cache.{port}.log", "w"))
     deadline = time.monotonic() + 600
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline and server.poll() is None:
         try:
             if httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200:
                 return server
@@ -85,6 +84,7 @@ def main() -> None:
         for rep in range(args.reps):
             order = list(sides) if rep % 2 == 0 else list(sides)[::-1]
             got = {side: conversation(ports[side], rep, args.tokens) for side in order}
+            print(f"rep {rep} done", file=sys.stderr, flush=True)
             same = [a["text"] == b["text"] for a, b in zip(got["cache"], got["no cache"])]
             print(json.dumps({"rep": rep, "order": order, "same_text": same,
                               **{side: [{k: v for k, v in t.items() if k != "text"} for t in turns]
@@ -99,7 +99,8 @@ def main() -> None:
     for side, reps in rows.items():
         medians = [statistics.median(r[i]["ttft_s"] for r in reps) for i in range(len(TURNS))]
         print(f"{side}: median time to first token per turn (s): {medians}")
-    print(f"cpu: {os.popen('grep -m1 \"model name\" /proc/cpuinfo').read().split(':')[1].strip()}")
+    cpu = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name"))
+    print(f"cpu: {cpu.split(':', 1)[1].strip()}")
 
 
 if __name__ == "__main__":
