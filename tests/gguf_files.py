@@ -56,8 +56,10 @@ def _blocks(weight: np.ndarray, kind: T, rng: np.random.Generator) -> np.ndarray
 
 
 def write_model(path: Path, arch: str, kind: T = T.Q8_0, seed: int = 0, head_dim: int = 64, tied: bool = False,
-                rope_freqs: bool = False, tokens: list[str] | None = None, **overrides) -> Path:
-    """A GGUF model file at `path` (see the module docstring); `tokens` replaces the token list."""
+                rope_freqs: bool = False, tokens: list[str] | None = None, template: str | None = None,
+                **overrides) -> Path:
+    """A GGUF model file at `path` (see the module docstring); `tokens` replaces the token list,
+    `template` SmolLM2's chat template."""
     s = SHAPES | overrides
     rng = np.random.default_rng(seed)
     fields = tokenizer_fields()
@@ -84,7 +86,7 @@ def write_model(path: Path, arch: str, kind: T = T.Q8_0, seed: int = 0, head_dim
     w.add_token_merges([m for m in fields["merges"] if all(p in known for p in (*m.split(" "), m.replace(" ", "")))])
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
-    w.add_chat_template(fields["template"])
+    w.add_chat_template(template or fields["template"])
 
     def dense(name: str, shape: tuple[int, ...], scale: float = 1.0, center: float = 0.0) -> None:
         w.add_tensor(name, (center + rng.standard_normal(shape) * scale).astype(np.float32))

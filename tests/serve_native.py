@@ -48,31 +48,33 @@ class Running:
         return out
 
 
-def gguf_pair(folder: Path) -> tuple[str, str]:
-    """The target and draft files in `folder` (written the first time)."""
+def gguf_pair(folder: Path, **files) -> tuple[str, str]:
+    """The target and draft files in `folder` (written the first time; `files`: write_model's
+    options for both, such as another chat template or token list)."""
     target, draft = folder / "target.gguf", folder / "draft.gguf"
     if not target.exists():
-        write_model(target, "qwen2", T.Q8_0, seed=1)
-        write_model(draft, "qwen2", T.Q8_0, seed=1, layers=1)
+        write_model(target, "qwen2", T.Q8_0, seed=1, **files)
+        write_model(draft, "qwen2", T.Q8_0, seed=1, layers=1, **files)
     return str(target), str(draft)
 
 
-def native_args(folder: Path, *extra: str) -> list[str]:
+def native_args(folder: Path, *extra: str, **files) -> list[str]:
     """`specdec serve`'s model flags for the tiny GGUF pair in `folder`."""
-    target, draft = gguf_pair(folder)
+    target, draft = gguf_pair(folder, **files)
     return ["--target", target, "--draft", draft, "--runtime", "native", "--proposer", METHOD, *extra]
 
 
-def start_native(where, *extra: str) -> Running:
+def start_native(where, *extra: str, **files) -> Running:
     """A server of the tiny GGUF pair; `where` is a folder or pytest's tmp_path_factory (its
-    files then go to a fresh folder). The GGUF's prepared parts are cached under that folder."""
+    files then go to a fresh folder). The GGUF's prepared parts are cached under that folder;
+    `files` are write_model's options for both files (gguf_pair)."""
     folder = where.mktemp("serve-gguf") if hasattr(where, "mktemp") else Path(where)
     folder.mkdir(parents=True, exist_ok=True)
     with pytest.MonkeyPatch.context() as patch:  # the model cache only while the server loads
         from specdec.gguf import store
 
         patch.setattr(store, "cache_root", lambda: folder / "cache")
-        return launch(native_args(folder, *extra))
+        return launch(native_args(folder, *extra, **files))
 
 
 def launch(argv: list[str]) -> Running:

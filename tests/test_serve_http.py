@@ -55,7 +55,8 @@ MODEL = Model("m", vocab_size=VOCAB, context=CONTEXT)
 
 def read(api: str = COMPLETIONS, **fields):
     base = {"prompt": "a b"} if api == COMPLETIONS else {"messages": [{"role": "user", "content": "a b"}]}
-    return read_request({**base, **fields}, api, MODEL, lambda text: [1, 2, 3], lambda messages: [1, 2, 3])
+    return read_request({**base, **fields}, api, MODEL, lambda text: [1, 2, 3],
+                        lambda messages, tools: ([1, 2, 3], None))
 
 
 # (field, a value at the bound: taken, a value past it: a 400 naming the field)
@@ -124,7 +125,7 @@ def test_a_temperature_below_the_floor_is_greedy():
 def test_text_that_is_not_unicode_is_refused_naming_the_field(where, body):
     api = CHAT if "messages" in body else COMPLETIONS
     with pytest.raises(ApiError, match="not valid Unicode") as error:
-        read_request(body, api, MODEL, lambda t: t.encode("utf-8"), lambda m: pytest.fail("encoded"))
+        read_request(body, api, MODEL, lambda t: t.encode("utf-8"), lambda m, tools: pytest.fail("encoded"))
     assert error.value.status == 400 and error.value.param == where
 
 

@@ -195,14 +195,12 @@ async def _events(request: Request, job: Job, reply: Reply):
     """The server-sent events of a streamed reply; the job is cancelled when the stream stops
     early (the client went away)."""
     watcher = asyncio.create_task(_watch(request, job))
-    first = True
     try:
         while True:
             event = await job.events.get()
             if isinstance(event, Tokens):
-                if event.deltas:
-                    yield _sse(reply.chunk(event.deltas, first))
-                    first = False
+                for chunk in reply.chunks(event.deltas) if event.deltas else ():
+                    yield _sse(chunk)
             elif isinstance(event, Finished):
                 for chunk in reply.last_chunks(event.finish, event.usage, event.timings):
                     yield _sse(chunk)

@@ -4,11 +4,11 @@ one a 4xx ApiError that names the field and says what to send instead, so nothin
 can raise in the worker. A temperature below GREEDY_BELOW decodes greedily.
 
 Fields this server does not implement are refused when they would change the output (n > 1,
-echo, suffix, tools), so a client never gets a
-silently different completion; fields that change nothing here (user, metadata, llama.cpp's
-cache_prompt, ...) and unknown fields are ignored, as vLLM and llama-server do. Absent sampling
-fields take the server's defaults (`specdec serve --temperature/--top-k/--top-p/--seed`,
-`--max-new-tokens` for max_tokens), so a server can be started greedy or sampling.
+echo, suffix), so a client never gets a silently different completion; fields that change
+nothing here (user, metadata, llama.cpp's cache_prompt, ...) and unknown fields are ignored, as
+vLLM and llama-server do. Absent sampling fields take the server's defaults (`specdec serve
+--temperature/--top-k/--top-p/--seed`, `--max-new-tokens` for max_tokens), so a server can be
+started greedy or sampling.
 """
 
 from __future__ import annotations
@@ -22,6 +22,9 @@ from .errors import ApiError, invalid
 from .fields import check_text, flag, integer, number
 from .penalty_fields import read_penalties
 from .response_format import read_grammar
+from .messages import read_messages
+from .tool_grammar import tool_grammar
+from .tools import ToolUse, read_tools
 
 COMPLETIONS, CHAT = "completions", "chat"
 MAX_LOGPROBS = 20  # alternatives per token, as vLLM's default limit
@@ -75,6 +78,7 @@ class Generation:
     ids_as_tokens: bool = False  # vLLM's return_tokens_as_token_ids: tokens spelled token_id:N
     ignore_eos: bool = False
     penalties: Penalties = field(default_factory=Penalties)  # presence/frequency/repetition, logit_bias
+    tool_use: ToolUse | None = None  # chat with tools: the model's call format, the reply parsed into calls
     grammar: Grammar | None = None  # what the output must match (response_format, grammar: serve.response_format)
 
 
@@ -85,10 +89,9 @@ _REFUSED = {
     "best_of": (lambda v: v in (None, 1), "best_of > 1 is not supported: send one request per candidate"),
     "echo": (lambda v: not v, "echo is not supported: the reply never repeats the prompt; leave it out"),
     "suffix": (lambda v: not v, "suffix (insertion) is not supported: leave it out"),
-    "tools": (lambda v: not v, "tools are not supported: leave them out"),
-    "functions": (lambda v: not v, "functions are not supported: leave them out"),
-    "tool_choice": (lambda v: v in (None, "none"), "tool_choice is not supported: leave it out"),
-    "function_call": (lambda v: v in (None, "none"), "function_call is not supported: leave it out"),
+    "functions": (lambda v: not v, "functions (the old form of tools) are not supported: send them as tools"),
+    "function_call": (lambda v: v in (None, "none"), "function_call (the old form of tool_choice) is not supported: "
+                                                     "send tool_choice"),
     "guided_json": (lambda v: v is None, "guided decoding is not supported: leave it out"),
     "guided_regex": (lambda v: v is None, "guided decoding is not supported: leave it out"),
 }
@@ -97,8 +100,9 @@ _COMPLETIONS_ONLY = {"echo", "suffix", "best_of"}  # chat has no such fields: ig
 
 def read_request(body: object, api: str, model: Model, encode_text, encode_chat) -> Generation:
     """The Generation a completions (`api` COMPLETIONS) or chat request asks for. `encode_text(str)`
-    and `encode_chat(messages)` turn a prompt into token ids (the tokenizer's work; encode_chat
-    raises ApiError where the model cannot take the messages)."""
+    and `encode_chat(messages, tools)` turn a prompt into token ids (the tokenizer's work;
+    encode_chat also returns the ToolUse of the tools, and raises ApiError where the model cannot
+    take the messages or tools)."""
     if not isinstance(body, dict):
         raise invalid("the request body must be a JSON object", code="invalid_json")
     check_text(body)
@@ -107,11 +111,14 @@ def read_request(body: object, api: str, model: Model, encode_text, encode_chat)
         if name in body and not off(body[name]) and not (api == CHAT and name in _COMPLETIONS_ONLY):
             raise invalid(why, name, "unsupported_parameter")
     grammar = read_grammar(body)
+    tool_use = None
     if api == COMPLETIONS:
         prompt = _completion_prompt(body, model, encode_text)
         logprobs = integer(body, "logprobs", 0, MAX_LOGPROBS)
     else:
-        prompt = encode_chat(_messages(body))
+        tools = read_tools(body)
+        prompt, tool_use = encode_chat(read_messages(body), tools)
+        grammar = _with_tools(grammar, tool_use)
         logprobs = _chat_logprobs(body)
     if not prompt:
         raise invalid("the prompt encodes to no tokens: send some text", "prompt" if api == COMPLETIONS else "messages",
@@ -125,9 +132,9 @@ def read_request(body: object, api: str, model: Model, encode_text, encode_chat)
     return Generation(
         api=api, prompt_ids=tuple(prompt), max_tokens=max_tokens, sampling=_sampling(body, model),
         penalties=read_penalties(body, model.vocab_size),
-        stop=_stops(body), stream=stream, include_usage=include_usage, logprobs=logprobs,
-        ids_as_tokens=flag(body, "return_tokens_as_token_ids", False), ignore_eos=flag(body, "ignore_eos", False),
-        grammar=grammar,
+        stop=_stops(body) + (tool_use.stops if tool_use else ()), stream=stream, include_usage=include_usage,
+        logprobs=logprobs, ids_as_tokens=flag(body, "return_tokens_as_token_ids", False),
+        ignore_eos=flag(body, "ignore_eos", False), tool_use=tool_use, grammar=grammar,
     )
 
 
@@ -167,45 +174,13 @@ def _completion_prompt(body: dict, model: Model, encode_text) -> list[int]:
     raise invalid("prompt must be a string or a list of integer token ids", "prompt")
 
 
-def _messages(body: dict) -> list[dict]:
-    messages = body.get("messages")
-    if messages is None:
-        raise invalid("messages is missing: send a list such as [{\"role\": \"user\", \"content\": \"...\"}]",
-                      "messages", "missing_prompt")
-    if not isinstance(messages, list) or not messages:
-        raise invalid("messages must be a non-empty list of {\"role\", \"content\"} objects", "messages",
-                      "empty_prompt")
-    out = []
-    for i, message in enumerate(messages):
-        where = f"messages[{i}]"
-        if not isinstance(message, dict):
-            raise invalid(f"{where} must be an object with role and content", where)
-        role = message.get("role")
-        if role not in ("system", "developer", "user", "assistant", "tool"):
-            raise invalid(f"{where}.role must be system, developer, user, assistant or tool, got {role!r}",
-                          f"{where}.role")
-        out.append({"role": "system" if role == "developer" else role,
-                    "content": _content(message.get("content"), f"{where}.content", role)})
-    if not any(m["content"].strip() for m in out):
-        raise invalid("every message is empty: send some text", "messages", "empty_prompt")
-    return out
-
-
-def _content(content: object, where: str, role: str) -> str:
-    """A message's text: a string, or a list of text parts (images and audio are refused)."""
-    if content is None and role == "assistant":
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        texts = []
-        for part in content:
-            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                raise invalid(f"{where} may hold only text parts ({{\"type\": \"text\", \"text\": ...}}): "
-                              "this model takes no images or audio", where, "unsupported_content")
-            texts.append(part["text"])
-        return "".join(texts)
-    raise invalid(f"{where} must be a string or a list of text parts", where)
+def _with_tools(grammar: Grammar | None, tool_use: ToolUse | None) -> Grammar | None:
+    """The reply's grammar: the response format's, or the tool calls' (not both: a 400)."""
+    calls = tool_grammar(tool_use) if tool_use is not None else None
+    if calls is not None and grammar is not None:
+        raise invalid("a response format (or grammar) together with tools is not supported: send one of them",
+                      "response_format", "conflicting_parameters")
+    return calls or grammar
 
 
 def _chat_logprobs(body: dict) -> int | None:

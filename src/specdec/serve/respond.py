@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from .request import CHAT, Generation
+from .tool_reply import ToolReply
 
 if TYPE_CHECKING:  # torch loads where the worker decodes
     from ..decode.stats import GenerationStats
@@ -49,38 +50,59 @@ class Reply:
         self.id = f"{'chatcmpl' if self.chat else 'cmpl'}-{uuid.uuid4().hex}"
         self.created = int(time.time())
         self._offset = 0  # characters of text before the next token (completions' text_offset)
+        self._first = True  # no chunk sent yet: the next carries the role
+        self.tools = ToolReply(generation.tool_use) if generation.tool_use else None  # chat with tools
 
     def whole(self, text: str, deltas: list[Delta], finish: str, usage: dict, timings: dict) -> dict:
         logprobs = self._logprobs(deltas) if self.g.logprobs is not None else None
         if self.chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": logprobs,
-                      "finish_reason": FINISH[finish]}
+            message = {"role": "assistant", **(self.tools.message(text) if self.tools else {"content": text})}
+            choice = {"index": 0, "message": message, "logprobs": logprobs, "finish_reason": self._reason(finish)}
         else:
             choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": FINISH[finish]}
         return {**self._head(False), "choices": [choice], "usage": usage, "timings": timings}
 
-    def chunk(self, deltas: list[Delta], first: bool) -> dict:
-        """One stream chunk for these tokens' text and logprobs."""
+    def chunks(self, deltas: list[Delta]) -> list[dict]:
+        """The stream chunks for these tokens' text and logprobs: one, or with tools as many as
+        the text releases content and call deltas (none where it is all held back)."""
         text = "".join(d.text for d in deltas)
         logprobs = self._logprobs(deltas) if self.g.logprobs is not None else None
-        if self.chat:
-            delta = {"role": "assistant", "content": text} if first else {"content": text}
-            choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": None}
-        else:
-            choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": None}
-        return {**self._head(True), "choices": [choice]}
+        if not self.chat:
+            return [{**self._head(True), "choices": [{"index": 0, "text": text, "logprobs": logprobs,
+                                                      "finish_reason": None}]}]
+        parts = self.tools.deltas(text) if self.tools else [{"content": text}]
+        if not parts and logprobs is not None:
+            parts = [{}]
+        return [self._chat_chunk(delta, logprobs if i == 0 else None) for i, delta in enumerate(parts)]
 
     def last_chunks(self, finish: str, usage: dict, timings: dict) -> list[dict]:
         """The chunk that says why the reply ended, with `timings` (and `usage`, unless a usage
         chunk follows: with stream_options.include_usage, the last chunk has no choices)."""
-        end = {"index": 0, "delta": {}} if self.chat else {"index": 0, "text": ""}
-        end |= {"logprobs": None, "finish_reason": FINISH[finish]}
-        chunks = [{**self._head(True), "choices": [end], "timings": timings}]
+        flushed = [self._chat_chunk(delta, None) for delta in self.tools.last_deltas()] if self.tools else []
+        end = {"index": 0, "delta": self._role({})} if self.chat else {"index": 0, "text": ""}
+        end |= {"logprobs": None, "finish_reason": self._reason(finish)}
+        chunks = [*flushed, {**self._head(True), "choices": [end], "timings": timings}]
         if self.g.include_usage:
             chunks.append({**self._head(True), "choices": [], "usage": usage, "timings": timings})
         else:
-            chunks[0]["usage"] = usage
+            chunks[-1]["usage"] = usage
         return chunks
+
+    def _chat_chunk(self, delta: dict, logprobs: dict | None) -> dict:
+        choice = {"index": 0, "delta": self._role(delta), "logprobs": logprobs, "finish_reason": None}
+        return {**self._head(True), "choices": [choice]}
+
+    def _role(self, delta: dict) -> dict:
+        """The delta, with the role where it is the reply's first."""
+        if self._first:
+            self._first = False
+            return {"role": "assistant", **delta}
+        return delta
+
+    def _reason(self, finish: str) -> str:
+        """finish_reason: "tool_calls" where the model called tools and ended by itself."""
+        called = self.tools is not None and self.tools.called
+        return "tool_calls" if called and finish in ("eos", "stop") else FINISH[finish]
 
     def _head(self, stream: bool) -> dict:
         kind = ("chat.completion.chunk" if stream else "chat.completion") if self.chat else "text_completion"
@@ -129,6 +151,7 @@ def timings(stats: GenerationStats, prompt_n: int, predicted_n: int, queue_s: fl
     prompt_s, decode_s = stats.prefill_seconds, stats.decode_seconds
     return {
         "prompt_n": prompt_n,
+        "cache_n": cache_n,
         "prompt_ms": 1e3 * prompt_s,
         "prompt_per_second": prompt_n / prompt_s if prompt_s > 0 else 0.0,
         "predicted_n": predicted_n,
@@ -149,4 +172,3 @@ def timings(stats: GenerationStats, prompt_n: int, predicted_n: int, queue_s: fl
         "ttft_ms": None if ttft_s is None else 1e3 * ttft_s,
         "method": method,
     }
-        "cache_n": cache_n,

@@ -27,6 +27,7 @@ from .errors import ApiError, internal
 from .job import Job, JobQueue
 from .metrics import ServerMetrics
 from .request import Defaults, Generation, Model
+from .tools import Tools, ToolUse, call_format
 
 WARMUP_TOKENS = 4
 # Rows a round's target forward is filled up to with joining prompts (Limits.round_rows). On
@@ -126,17 +127,29 @@ class DecodeWorker:
         with self.tokenizer_lock:
             return encode_prompt(self.loaded.tokenizer, text, raw=True)
 
-    def encode_chat(self, messages: list[dict]) -> list[int]:
+    def encode_chat(self, messages: list[dict], tools: Tools | None = None) -> tuple[list[int], ToolUse | None]:
+        """The chat prompt's ids and, with tools, how this model takes them (a 400 where its
+        template cannot)."""
         from ..prompts.chat import encode_messages
 
+        tokenizer = self.loaded.tokenizer
+        use = None
         try:
             with self.tokenizer_lock:
-                return encode_messages(self.loaded.tokenizer, messages)
+                if tools is not None:
+                    form = call_format(tokenizer.chat_template)
+                    tags = tokenizer.get_added_vocab()  # a tag that is one token: {text: id}
+                    use = ToolUse(tools, form, tags.get(form.open), tags.get(form.close))
+                ids = encode_messages(tokenizer, messages, list(tools.tools) if tools else None,
+                                      use.head if use else "")
+        except ApiError:  # the template takes no tools
+            raise
         except SpecdecError as e:
             raise ApiError(400, str(e), "messages", "unsupported_messages") from None
         except Exception as e:  # a template's own error (e.g. a role it does not take)
             raise ApiError(400, f"the model's chat template refused these messages: {e}", "messages",
                            "chat_template_error") from None
+        return ids, use
 
     def stop(self) -> None:
         """Stop admitting (503); waiting requests are refused now, running ones get
