@@ -64,8 +64,8 @@ class Limits:
     round_rows: int = ROUND_ROWS
     request_timeout: float | None = None
     shutdown_timeout: float = SHUTDOWN_S
-
     prefix_cache: bool = True
+
 
 class DecodeWorker:
     def __init__(self, load: Callable[[], Loaded], metrics: ServerMetrics, name: str, defaults: Defaults,
@@ -192,6 +192,7 @@ class DecodeWorker:
                 self.state = "ready"
         joining = f"prompts joining in rounds of up to {limits.round_rows} rows" if limits.round_rows else \
             "prompts prefilled alone"
+        cache = "a prefix cache" if self.scheduler.prefix_cache else "no prefix cache"
         print(f"[specdec] serving {self.name} ({loaded.method}; up to {limits.sequences} requests at "
               f"once, {limits.kv_tokens} K/V positions, {joining}, {cache})", file=sys.stderr, flush=True)
         try:
@@ -199,7 +200,6 @@ class DecodeWorker:
         except BaseException as e:  # noqa: BLE001 - the watchdog: report, answer everyone, stop the server
             self._died(e)
             return
-        cache = "a prefix cache" if self.scheduler.prefix_cache else "no prefix cache"
         retimed = getattr(loaded.plan, "retimed", None)
         if retimed is not None:  # how far serving moved the costs timed at start
             print(f"[specdec] the batch plan's costs while serving, over those timed at start: {retimed()}",
