@@ -49,6 +49,13 @@ HERMES_REPLIES = [  # (reply, content, [(name, arguments)])
     ('a <tool_call>not json</tool_call> b', "a <tool_call>not json</tool_call> b", []),
     ('x <tool_ca', "x <tool_ca", []),
     ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Pa', None, [("get_weather", '{"city": "Pa')]),
+    # bare calls (no tag) at the reply's start, as Qwen2.5 writes them after a first call
+    ('{"name": "get_time", "arguments": {"city": "Tokyo"}}', None, [("get_time", '{"city": "Tokyo"}')]),
+    ('\n{{"name": "get_time", "arguments": {"city": "Tokyo"}}}\n', None, [("get_time", '{"city": "Tokyo"}')]),
+    ('{"name": "get_time", "arguments": {}}\n{"name": "get_weather", "arguments": {"city": "Oslo"}}', None,
+     [("get_time", "{}"), ("get_weather", '{"city": "Oslo"}')]),
+    ('{"a": 1} <tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>', '{"a": 1}', [("get_time", "{}")]),
+    ('It is {"name": "get_time", "arguments": {}}', 'It is {"name": "get_time", "arguments": {}}', []),
 ]
 LLAMA_REPLIES = [
     (f'{{"name": "get_weather", "parameters": {ARGS}}}', None, [("get_weather", ARGS)]),
@@ -102,6 +109,22 @@ def test_a_reply_without_calls_is_its_text_exactly(parts, form):
     content, calls = parse_reply(form, text)
     if not calls:
         assert content == text
+
+
+@pytest.mark.parametrize("split", [False, True])
+def test_a_bare_hermes_call_is_read_only_where_its_name_is_a_tool(split):
+    names = frozenset({"get_time", "get_weather"})
+    for reply, calls in [('{"name": "Bob", "arguments": {"age": 3}}', []),
+                         ('{{"name": "Bob", "arguments": {}}}', []),
+                         ('{{"name": "get_time", "arguments": {"city": "Tokyo"}}}', [("get_time", '{"city": "Tokyo"}')])]:
+        parser = CallParser(HERMES, names=names)
+        pieces = [p for c in (reply if split else [reply]) for p in parser.feed(c)] + parser.finish()
+        assert _calls(parser.calls) == calls
+        assert "".join(p.content for p in pieces) == ("" if calls else reply)
+    use = ToolUse(read_tools({"tools": [WEATHER, CLOCK]}), HERMES)  # the server's parser takes the request's names
+    assert ToolReply(use).message('{"name": "Bob", "arguments": {}}') == {"content": '{"name": "Bob", "arguments": {}}'}
+    message = ToolReply(use).message('{{"name": "get_time", "arguments": {}}}')
+    assert message["content"] is None and message["tool_calls"][0]["function"] == {"name": "get_time", "arguments": "{}"}
 
 
 def test_a_required_call_starts_in_the_prompt_and_parallel_false_keeps_one():

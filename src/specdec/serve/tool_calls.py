@@ -5,6 +5,12 @@ The formats the chat templates of the supported families ask for:
   any number of them, text before the first being the reply's content;
 - LLAMA3 (Llama 3.x's JSON tool calls): the reply is `{"name": ..., "parameters": {...}}` itself.
 
+A HERMES reply may also open with a call without its tag, `{"name": ..., "arguments": ...}` or
+with the braces doubled (`{{...}}`, Qwen2.5's template writes its example so): small models
+write that after a first call, and llama.cpp's and vLLM's hermes parsers read it too. Such a
+bare call is read only where its name is one of the request's functions (`names`), so that a
+reply that is a JSON object of its own stays content.
+
 One parser serves both the whole reply and the stream, so a streamed reply reassembles to the
 same message. A call is announced (index, id, name) once its head `{"name": "...", "arguments":`
 is read, then its arguments follow as their text arrives, ended by a JSON scanner at the end of
@@ -63,14 +69,17 @@ class Piece:
 class CallParser:
     """Feed it the reply's text as it grows; it returns the pieces that text releases."""
 
-    def __init__(self, form: CallFormat, parallel: bool = True, start: str = ""):
-        self.form, self.parallel = form, parallel
+    def __init__(self, form: CallFormat, parallel: bool = True, start: str = "",
+                 names: frozenset[str] | None = None):
+        self.form, self.parallel, self.names = form, parallel, names
         self.calls: list[Call] = []
         self._buffer = start  # text read but not yet released (a head forced in the prompt starts here)
         self._state = "content"  # content, head, arguments, after, collect, done
         self._value: JsonValue | None = None
-        self._at_start = True  # LLAMA3: no text but whitespace yet (its call must open the reply)
+        self._at_start = True  # no text but whitespace yet (a bare call must open the reply)
         self._gap = ""  # HERMES: the whitespace before an open tag, given back if no call follows
+        self._opened = ""  # the open tag the call being read began with ("" for a bare call)
+        self._braces = 1  # the closing braces a bare call ends with (2 where it opened with `{{`)
 
     def feed(self, text: str) -> list[Piece]:
         self._buffer += text
@@ -87,7 +96,7 @@ class CallParser:
         if self._state == "collect":
             self._collected(out, self._buffer)
         elif self._state == "head":  # the reply ended inside what was not yet a call
-            out.append(Piece(content=self._gap + self.form.open + self._buffer))
+            out.append(Piece(content=self._gap + self._opened + self._buffer))
         elif self._state == "content" and self._buffer and (not self.calls or self._buffer.strip(_WHITESPACE)):
             out.append(Piece(content=self._buffer))
         self._buffer = ""
@@ -100,13 +109,14 @@ class CallParser:
 
     def _content(self, out: list[Piece], final: bool) -> bool:
         buf = self._buffer
-        if not self.form.open:  # LLAMA3: a call only where the reply (or the previous call) starts
-            if self._at_start and buf.lstrip(_WHITESPACE).startswith("{"):
-                self._state = "head"  # the head's reader skips the whitespace, and gives it back if no call
+        if self._at_start:  # a bare call only where the reply (or the previous bare call) starts
+            if buf.lstrip(_WHITESPACE).startswith("{"):
+                self._state, self._opened = "head", ""  # the head's reader skips the whitespace, and gives it back if no call
                 return True
-            if self._at_start and not buf.strip(_WHITESPACE):
+            if not buf.strip(_WHITESPACE):
                 return False
             self._at_start = False
+        if not self.form.open:  # LLAMA3: no calls but bare ones
             self._release(out, buf)
             self._buffer = ""
             return False
@@ -115,6 +125,7 @@ class CallParser:
             before = buf[:at].rstrip(_WHITESPACE)
             self._release(out, before)
             self._gap, self._buffer, self._state = buf[len(before):at], buf[at + len(self.form.open):], "head"
+            self._opened = self.form.open
             return True
         held = tag_prefix(buf, self.form.open)
         kept = len(buf[: len(buf) - held].rstrip(_WHITESPACE))
@@ -125,16 +136,21 @@ class CallParser:
         return False
 
     def _head(self, out: list[Piece], final: bool) -> bool:
-        read = read_head(self._buffer, self.form.arguments_key)
+        untagged = bool(self.form.open) and not self._opened  # a HERMES call without its tag
+        skip = self._buffer.index("{") + 1 if untagged and self._buffer.lstrip(_WHITESPACE).startswith("{{") else 0
+        read = read_head(self._buffer[skip:], self.form.arguments_key)
         if read is None:  # needs more text
             return False
-        if read is False:  # not a head in this order: a HERMES call is read whole at its close
-            if self.form.open:
+        if read is not False and untagged and self.names is not None and read[0] not in self.names:
+            read = False  # a JSON object of the reply's own, not a call
+        if read is False:  # not a head in this order: a tagged call is read whole at its close
+            if self._opened:
                 self._state = "collect"
             else:
                 self._state, self._at_start = "content", False
             return True
-        name, end = read
+        name, end = read[0], read[1] + skip
+        self._braces = 2 if skip else 1
         call = Call(len(self.calls), _call_id(), name)
         self.calls.append(call)
         out.append(Piece(start=Call(call.index, call.id, name)))
@@ -155,17 +171,19 @@ class CallParser:
 
     def _after(self, out: list[Piece], final: bool) -> bool:
         """Past a call's arguments: drop the rest of the call (its closing brace and tag)."""
-        if self.form.close:
+        if self._opened:
             at = self._buffer.find(self.form.close)
             if at < 0:
                 return False
             self._buffer = self._buffer[at + len(self.form.close):]
-        else:
+        else:  # a bare call: its closing braces, then the `;` or whitespace before the next
             rest = self._buffer.lstrip(_WHITESPACE)
             if not rest:
                 return False
-            self._buffer = rest[1:].lstrip(_WHITESPACE + ";") if rest[0] == "}" else rest
-            self._at_start = True
+            if rest[0] == "}" and self._braces:
+                self._buffer, self._braces = rest[1:], self._braces - 1
+                return True
+            self._buffer, self._at_start = rest.lstrip(_WHITESPACE + ";"), True
         self._state = "content" if self.parallel else "done"
         return True
 
@@ -206,9 +224,10 @@ class CallParser:
             self._state = "content"
 
 
-def parse_reply(form: CallFormat, text: str, parallel: bool = True, start: str = "") -> tuple[str | None, list[Call]]:
+def parse_reply(form: CallFormat, text: str, parallel: bool = True, start: str = "",
+                names: frozenset[str] | None = None) -> tuple[str | None, list[Call]]:
     """The whole reply's content (None where it is only calls) and calls."""
-    parser = CallParser(form, parallel, start)
+    parser = CallParser(form, parallel, start, names)
     pieces = parser.feed(text) + parser.finish()
     content = "".join(p.content for p in pieces)
     return (content or None) if parser.calls else content, parser.calls

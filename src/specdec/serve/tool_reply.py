@@ -11,7 +11,8 @@ from .tools import ToolUse
 
 class ToolReply:
     def __init__(self, use: ToolUse):
-        self.parser = CallParser(use.form, use.tools.parallel, use.head)
+        names = frozenset(t["function"]["name"] for t in use.tools.tools)
+        self.parser = CallParser(use.form, use.tools.parallel, use.head, names)
 
     @property
     def called(self) -> bool:
