@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -58,6 +59,27 @@ def gguf_pair(folder: Path, **files) -> tuple[str, str]:
     return str(target), str(draft)
 
 
+@contextmanager
+def model_cache(folder: Path):
+    """specdec's model cache under `folder` while the block runs (where a GGUF's prepared parts go)."""
+    from specdec.gguf import store
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(store, "cache_root", lambda: Path(folder) / "cache")
+        yield
+
+
+def tiny_models(folder: Path, **files):
+    """(target, draft, tokenizer) of the tiny GGUF pair in `folder`, in this process on the
+    native runtime."""
+    from specdec.gguf import tokenizer_of
+    from specdec.runtime import load_gguf
+
+    target, draft = gguf_pair(folder, **files)
+    with model_cache(folder):
+        return load_gguf(target), load_gguf(draft), tokenizer_of(target)
+
+
 def native_args(folder: Path, *extra: str, **files) -> list[str]:
     """`specdec serve`'s model flags for the tiny GGUF pair in `folder`."""
     target, draft = gguf_pair(folder, **files)
@@ -70,10 +92,7 @@ def start_native(where, *extra: str, **files) -> Running:
     `files` are write_model's options for both files (gguf_pair)."""
     folder = where.mktemp("serve-gguf") if hasattr(where, "mktemp") else Path(where)
     folder.mkdir(parents=True, exist_ok=True)
-    with pytest.MonkeyPatch.context() as patch:  # the model cache only while the server loads
-        from specdec.gguf import store
-
-        patch.setattr(store, "cache_root", lambda: folder / "cache")
+    with model_cache(folder):  # only while the server loads
         return launch(native_args(folder, *extra, **files))
 
 
@@ -109,12 +128,5 @@ def stop(running: Running) -> None:
 def target_alone(folder: Path):
     """The served target file in this process, in the form the server runs it (int4: the file's
     blocks as they are), and its tokenizer: what the server's greedy texts must equal."""
-    from specdec.gguf import tokenizer_of
-    from specdec.runtime import load_gguf
-
-    target, _ = gguf_pair(folder)
-    with pytest.MonkeyPatch.context() as patch:
-        from specdec.gguf import store
-
-        patch.setattr(store, "cache_root", lambda: folder / "cache")
-        return load_gguf(target), tokenizer_of(target)
+    target, _, tokenizer = tiny_models(folder)
+    return target, tokenizer

@@ -9,9 +9,8 @@ import copy
 
 import pytest
 import torch
-from conftest import perturbed
 from scipy.stats import chisquare
-from test_runtime import VOCAB, alone, sequence, tiny
+from test_runtime import VOCAB, alone, native_pair, sequence, tiny
 
 from specdec import DraftModel, Hybrid, PromptLookup, TreeDraft, generate
 from specdec.decode.batch import Batch
@@ -25,12 +24,7 @@ from specdec.runtime.native.native_lm import NativeLM
 
 @pytest.fixture(scope="module")
 def models():
-    """(target, draft) on the native runtime: the draft a perturbed copy of the target, so it
-    agrees often but not always."""
-    model = tiny("qwen2", layers=2)
-    target = from_transformers(copy.deepcopy(model), "int4", capacity=16)
-    draft = from_transformers(perturbed(copy.deepcopy(model), seed=2, scale=0.05), "int4", capacity=16)
-    return target, draft
+    return native_pair()
 
 
 def test_rows_of_several_sequences_in_one_forward_are_the_rows_alone(models):

@@ -16,7 +16,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from serve_native import gguf_pair
+from serve_native import tiny_models
 
 from specdec import DraftModel, Hybrid, PromptLookup, TreeDraft, generate
 from specdec.constrain import Tag, gbnf, grammar_rule, json_object, json_schema, lark, triggered
@@ -43,14 +43,7 @@ DOCUMENT = {"colour": "green", "ok": True, "count": 42, "tags": ["ab", "xyz"]}
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     """(target, draft, tokenizer) of the tiny GGUF pair on the native runtime."""
-    from specdec.gguf import store, tokenizer_of
-    from specdec.runtime import load_gguf
-
-    folder = tmp_path_factory.mktemp("constrain-gguf")
-    target, draft = gguf_pair(folder)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(store, "cache_root", lambda: folder / "cache")
-        return load_gguf(target), load_gguf(draft), tokenizer_of(target)
+    return tiny_models(tmp_path_factory.mktemp("constrain-gguf"))
 
 
 def rule_for(grammar, lm, tokenizer, prompt_length: int):

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from serve_native import gguf_pair
+from serve_native import gguf_pair, model_cache, tiny_models
 
 from specdec import DraftModel, generate
 from specdec.conform.check import sampling_pvalues
@@ -28,17 +28,14 @@ GRAMMAR = gbnf('root ::= ("a" | "b" | "c") ("x" | "y" | "z") ("a" | "b")')
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    from specdec.gguf import store, tokenizer_of
     from specdec.runtime import load_gguf
 
     folder = tmp_path_factory.mktemp("constrain-sampling")
-    target, draft = gguf_pair(folder)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(store, "cache_root", lambda: folder / "cache")
-        lm, tokenizer = load_gguf(target), tokenizer_of(target)
-        # the draft's full head, and a head without the tokens the grammar allows first
-        return lm, load_gguf(draft), load_gguf(draft, head_ids=head_without_the_first_letters(lm, tokenizer)), \
-            tokenizer
+    lm, draft, tokenizer = tiny_models(folder)
+    # the draft's full head, and a head without the tokens the grammar allows first
+    with model_cache(folder):
+        narrow = load_gguf(gguf_pair(folder)[1], head_ids=head_without_the_first_letters(lm, tokenizer))
+    return lm, draft, narrow, tokenizer
 
 
 def rule(lm, tokenizer, prompt_length: int):

@@ -37,6 +37,15 @@ def tiny(kind: str = "qwen2", seed: int = 0, layers: int = 2, **extra) -> torch.
     return model.eval()
 
 
+def native_pair(capacity: int = 16) -> tuple[NativeLM, NativeLM]:
+    """(target, draft) on the native runtime: the draft a perturbed copy of the target, so it
+    agrees often but not always."""
+    model = tiny("qwen2", layers=2)
+    target = from_transformers(copy.deepcopy(model), "int4", capacity=capacity)
+    draft = from_transformers(perturbed(copy.deepcopy(model), seed=2, scale=0.05), "int4", capacity=capacity)
+    return target, draft
+
+
 @pytest.fixture(scope="module", params=["qwen2", "llama"])
 def pair(request):
     """(transformers model, the same model on the native runtime, int4)."""

@@ -7,27 +7,18 @@ token."""
 
 from __future__ import annotations
 
-import copy
-
 import pytest
-import torch
-from conftest import perturbed
-from test_runtime import sequence, tiny
+from test_runtime import native_pair, sequence
 
 from specdec import DraftModel, generate
 from specdec.decode.scheduler import Scheduler
 from specdec.decode.sequence import Options
 from specdec.errors import SpecdecError
-from specdec.runtime import from_transformers
 
 
 @pytest.fixture(scope="module")
 def models():
-    """(target, draft) on the native runtime; the draft a perturbed copy of the target."""
-    model = tiny("qwen2", layers=2)
-    target = from_transformers(copy.deepcopy(model), "int4", capacity=16)
-    draft = from_transformers(perturbed(copy.deepcopy(model), seed=2, scale=0.05), "int4", capacity=16)
-    return target, draft
+    return native_pair()
 
 
 def _alone(target, drafter, prompt, tokens, **kw) -> list[int]:
