@@ -25,7 +25,8 @@ import numpy as np
 from specdec.bench.endpoint import arrival_offsets
 from specdec.decode.engine import generate
 from specdec.decode.plan import Planner, measured_plan
-from specdec.decode.scheduler import Request, Scheduler
+from specdec.decode.request import Request
+from specdec.decode.scheduler import Scheduler
 from specdec.decode.sequence import Options
 from specdec.load import LoadSpec, load
 from specdec.methods.spec import parse

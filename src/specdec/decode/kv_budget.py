@@ -17,7 +17,7 @@ from .batch import rows_of
 from .interface import PrefixCache
 
 if TYPE_CHECKING:
-    from .scheduler import Request
+    from .request import Request
 
 
 @dataclass

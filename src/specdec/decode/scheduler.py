@@ -33,6 +33,7 @@ from ..errors import SpecdecError
 from .batch import Batch, Plan
 from .interface import Runtime
 from .kv_budget import KVBudget
+from .request import Request
 from .proposal import Proposer
 from .sequence import Decoding, GenerationResult, Options
 
@@ -41,26 +42,6 @@ from .sequence import Decoding, GenerationResult, Options
 # finely the budget is shared.
 KV_CHUNK = 64
 FAILURES = 2  # failed rounds a request survives, but the last (Scheduler.recover)
-
-
-@dataclass(eq=False)
-class Request:
-    """One prompt to decode: what was asked, the caller's `tag` (a server's job), and, once it
-    started, its Decoding."""
-
-    prompt: torch.Tensor | Sequence[int]
-    options: Options
-    tag: object = None
-    order: int = 0  # arrival rank: the waiting queue's order
-    decoding: Decoding | None = None
-    preempted: int = 0  # times its lanes were taken back for room
-    failures: int = 0  # failed rounds it was in
-    cached: int | None = None  # prompt positions its first start took from the prefix cache (None: no cache)
-
-    @property
-    def asked(self) -> int:
-        """The positions it may reach: what preemption weighs."""
-        return len(self.prompt) + self.options.max_new_tokens
 
 
 @dataclass(frozen=True)

@@ -23,14 +23,13 @@ from __future__ import annotations
 import itertools
 import weakref
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
 from ..rows import shared_prefix
 
 if TYPE_CHECKING:
-    from .native_lm import NativeLM
     from .slot_pool import SlotPool
 
 
@@ -44,6 +43,25 @@ class Entry:
     held: torch.Tensor
     length: int
     used: int = 0
+
+
+class Lane(Protocol):
+    """What the cache needs of a sequence's lane (runtime.native.native_lm.NativeLM): stated
+    here so that the cache, which the lane holds, does not import the lane's module."""
+
+    @property
+    def length(self) -> int: ...
+
+    @property
+    def held_tokens(self) -> torch.Tensor: ...
+
+    def adopt(self, entry: Entry, length: int) -> None: ...
+
+    def copy_from(self, base: int, tokens: torch.Tensor) -> None: ...
+
+    def hand_over(self) -> Entry: ...
+
+    def release(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -85,7 +103,7 @@ class PrefixCache:
                 best = Match(n, source, adopts)
         return best
 
-    def start(self, lane: NativeLM, tokens: torch.Tensor) -> int:
+    def start(self, lane: Lane, tokens: torch.Tensor) -> int:
         """Start `lane` (holding nothing) from the longest held prefix of `tokens`; the positions
         it now holds. The lane counts as live from here (a later lane may copy from it)."""
         if lane.length:
@@ -105,7 +123,7 @@ class PrefixCache:
                 source.used = next(self._clock)
         return found.length
 
-    def park(self, lane: NativeLM) -> None:
+    def park(self, lane: Lane) -> None:
         """End `lane`'s sequence keeping its positions as an entry (the lane holds nothing after).
         An entry that holds a prefix of another holds nothing a lane could not take from that one
         (the same prompt answered again, a client that left part way): only the longer stays, as
