@@ -19,6 +19,7 @@ import torch
 from gguf import GGMLQuantizationType, GGUFReader, quants
 
 from ..errors import SpecdecError
+from ..heap import return_freed_memory
 from .gguf_blocks import q4k_split, q5k_split, q6k_split, q40_split, q41_split, q50_split, q51_split, q80_split
 from .weights import Q4Weight, Q8Weight, tensor_fields
 
@@ -71,12 +72,21 @@ def decode_exact(kind: GGMLQuantizationType, data: np.ndarray, shape: tuple[int,
     """An EXACT type's tensor (raw bytes [rows, bytes per row]) as its specdec weight, split a
     chunk of rows at a time (a 151,936-row embedding's temporaries would otherwise take 1-2 GB)."""
     rows = shape[0]
-    parts = [EXACT[kind](data[at : at + _CHUNK_ROWS], (min(_CHUNK_ROWS, rows - at), shape[1]))
-             for at in range(0, rows, _CHUNK_ROWS)]
-    if len(parts) == 1:
-        return parts[0]
-    fields = tensor_fields(parts[0])
-    return dataclasses.replace(parts[0], **{f: torch.cat([getattr(p, f) for p in parts]) for f in fields})
+    first = EXACT[kind](data[:_CHUNK_ROWS], (min(_CHUNK_ROWS, rows), shape[1]))
+    if rows <= _CHUNK_ROWS:
+        return first
+    # Each chunk written into the whole weight's tensors as it is split: collecting the chunks and
+    # concatenating them held the weight twice (the peak of a cold conversion, 2.5 GB on one CI machine).
+    whole = {f: getattr(first, f).new_empty((rows, *getattr(first, f).shape[1:])) for f in tensor_fields(first)}
+    part = first
+    for at in range(0, rows, _CHUNK_ROWS):
+        if at:
+            part = EXACT[kind](data[at : at + _CHUNK_ROWS], (min(_CHUNK_ROWS, rows - at), shape[1]))
+        for f, tensor in whole.items():
+            tensor[at : at + _CHUNK_ROWS] = getattr(part, f)
+        del part
+        return_freed_memory()
+    return dataclasses.replace(first, **whole)
 
 
 def matching(name: str, weight: Decoded, dense: torch.Tensor, heads: int | None) -> Decoded:

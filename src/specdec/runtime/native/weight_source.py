@@ -28,6 +28,7 @@ from gguf import GGUFReader, quants
 
 from ...decoder_config import DecoderConfig
 from ...errors import SpecdecError
+from ...heap import return_freed_memory
 from ...quant.gguf_source import EXACT, decode_exact, linear_weights, rows_unpermuted
 from ...quant.model_weights import Quantized, quantize_weights
 from ...quant.weights import Q4Weight, Q8Weight, q3_rtn, q4_rtn, q8_rtn, stacked, tensor_fields
@@ -111,7 +112,10 @@ def _rounded(decoded: Q4Weight | Q8Weight | torch.Tensor, rounding: Callable[[to
     """`rounding` of the float weight `decoded` stands for, a chunk of rows at a time: every
     rounding here works row by row, so the result is the whole tensor's bit for bit."""
     rows = decoded.shape[0] if isinstance(decoded, torch.Tensor) else decoded.codes.shape[0]
-    parts = [rounding(_float_rows(decoded, at, at + _ROUND_ROWS)) for at in range(0, rows, _ROUND_ROWS)]
+    parts = []
+    for at in range(0, rows, _ROUND_ROWS):
+        parts.append(rounding(_float_rows(decoded, at, at + _ROUND_ROWS)))
+        return_freed_memory()  # the chunk's temporaries, which glibc kept between the parts some runs
     return parts[0] if len(parts) == 1 else stacked(parts)
 
 
