@@ -117,14 +117,17 @@ class Planner:
         """Each running sequence's k (at most most[i]); `riding`: the prompt rows of joining
         sequences that a round with n decode rows carries (None: nobody joins). A sequence alone
         guesses as its proposer says, unless its draft fell behind in plain rounds: whether the
-        catch-up pays for the tokens it has left is the plan's to say. (A draft that has read
-        only the prompt's first token, in a sequence's first round, is not behind that way:
-        alone, the sequence guesses as a request decoded by itself does.) A draft never catches
+        catch-up pays for the tokens it has left is the plan's to say. (A draft that lags only
+        where its proposer did not need it, never in a plain round, is not behind that way: the
+        prompt's rest before its first guess, a hybrid's memory or lookup rounds. Alone, the
+        sequence guesses as a request decoded by itself does. Judged as behind, a hybrid whose
+        memory took the first round was kept plain to its end: its draft never caught up, and
+        the memory was no longer asked.) A draft never catches
         up in a round that carries a prompt: that round is long already (its prompt rows are
         compute-bound), and the catch-up would add its own time to every stream's wait."""
         alphas = [acceptance(d) for d in running]
         behind = [self._behind(d) for d in running]
-        if len(running) == 1 and riding is None and (not behind[0] or not running[0].stats.rounds):
+        if len(running) == 1 and riding is None and (not behind[0] or not running[0].stats.rounds_without_proposal):
             return list(most)
         if riding is not None:
             most = [0 if _lag(d) > 1 else m for d, m in zip(running, most)]
