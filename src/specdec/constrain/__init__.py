@@ -10,8 +10,8 @@ The grammar library is llguidance (MIT, no dependencies of its own): on the defa
 a schema compiles in ~2 ms, and it rolls back any number of tokens; xgrammar's masks are as fast
 but it pulls triton (~1 GB) and compiles a schema in ~15-25 ms (scripts/measure/grammar_libraries.py)."""
 
-from .grammars import Grammar, Tag, gbnf, json_object, json_schema, lark, triggered
+from .grammars import Grammar, Tag, choice, gbnf, json_object, json_schema, lark, regex, triggered
 from .rule import GrammarRule, grammar_rule
 
-__all__ = ["Grammar", "GrammarRule", "Tag", "gbnf", "grammar_rule", "json_object", "json_schema", "lark",
-           "triggered"]
+__all__ = ["Grammar", "GrammarRule", "Tag", "choice", "gbnf", "grammar_rule", "json_object", "json_schema", "lark",
+           "regex", "triggered"]

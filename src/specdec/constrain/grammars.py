@@ -6,6 +6,8 @@ schema or grammar is a SpecdecError that names the problem, before anything deco
   implements draft 2020-12 less a few keywords, and refuses a schema using one it lacks);
 - gbnf(text): llama.cpp's GBNF (llama-server's `grammar` field) or llguidance's Lark dialect;
 - lark(text): llguidance's Lark dialect (which can embed `%json {schema}`);
+- regex(pattern): text that matches the pattern whole (vLLM's guided_regex);
+- choice(options): exactly one of the strings (vLLM's guided_choice);
 - triggered(tags): free text until a tag's trigger (e.g. `<tool_call>`), then the tag's fixed
   begin, a JSON value under its schema and its end: llama.cpp's lazy grammar for tool calls.
 
@@ -16,6 +18,7 @@ pad with newlines until its token limit and never close the object.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -26,10 +29,13 @@ WHITESPACE = r"(?: |\n{1,2}[ \t]{0,20})?"  # llama.cpp's `space` rule
 
 @dataclass(frozen=True)
 class Grammar:
-    """A checked grammar in llguidance's form (`text`) and what it is, for messages (`what`)."""
+    """A checked grammar in llguidance's form (`text`) and what it is, for messages (`what`);
+    a JSON grammar's `schema` (whitespace bounded), so a larger grammar can embed it as one of
+    its alternatives (serve.tool_grammar: a tool call, or the response format's answer)."""
 
     text: str
     what: str
+    schema: dict | None = None
 
 
 @dataclass(frozen=True)
@@ -59,7 +65,12 @@ def json_schema(schema: object, what: str = "the JSON schema") -> Grammar:
         text = llguidance.LLMatcher.grammar_from_json_schema(schema, overrides={"whitespace_pattern": WHITESPACE})
     except ValueError as e:
         raise SpecdecError(f"{what} is not a usable JSON schema: {e}") from None
-    return _checked(text, what)
+    return _checked(text, what, bounded(schema))
+
+
+def bounded(schema: dict) -> dict:
+    """`schema` with JSON whitespace bounded (WHITESPACE), for embedding as `%json {...}` in Lark."""
+    return schema | {"x-guidance": {"whitespace_pattern": WHITESPACE}}
 
 
 def gbnf(text: str, what: str = "the grammar") -> Grammar:
@@ -80,6 +91,27 @@ def lark(text: str, what: str = "the grammar") -> Grammar:
     return _checked(llguidance.LLMatcher.grammar_from_lark(text), what)
 
 
+def regex(pattern: object, what: str = "the regex") -> Grammar:
+    """Text that matches `pattern` whole (Rust's regex syntax, as vLLM's guided_regex under
+    llguidance; no lookaround or backreferences)."""
+    import llguidance
+
+    if not isinstance(pattern, str) or not pattern:
+        raise SpecdecError(f"{what} must be a non-empty string, such as \"[0-9]{{3}}-[0-9]{{4}}\"")
+    try:
+        text = llguidance.LLMatcher.grammar_from_regex(pattern)
+    except ValueError as e:
+        raise SpecdecError(f"{what} is not a usable regex: {e}") from None
+    return _checked(text, what)
+
+
+def choice(options: object, what: str = "the choice") -> Grammar:
+    """Exactly one of `options` (non-empty strings), as an alternation of literals."""
+    if not isinstance(options, list) or not options or not all(isinstance(o, str) and o for o in options):
+        raise SpecdecError(f"{what} must be a non-empty list of non-empty strings, such as [\"yes\", \"no\"]")
+    return _checked("start: " + " | ".join(json.dumps(o) for o in dict.fromkeys(options)), what)
+
+
 def triggered(tags: Sequence[Tag], what: str = "the tool calls' grammar") -> Grammar:
     """Free text, in which each tag's trigger starts a constrained span (see Tag)."""
     import llguidance
@@ -87,8 +119,7 @@ def triggered(tags: Sequence[Tag], what: str = "the tool calls' grammar") -> Gra
     if not tags:
         raise SpecdecError(f"{what} needs at least one tag")
     try:
-        struct = [llguidance.StructTag(trigger=t.trigger, begin=t.begin, end=t.end,
-                                       grammar=t.schema | {"x-guidance": {"whitespace_pattern": WHITESPACE}})
+        struct = [llguidance.StructTag(trigger=t.trigger, begin=t.begin, end=t.end, grammar=bounded(t.schema))
                   for t in tags]
     except AssertionError:
         raise SpecdecError(f"{what}: each tag's begin must start with its trigger, and no trigger may be empty") \
@@ -101,10 +132,10 @@ def _nonempty(text: object, what: str) -> None:
         raise SpecdecError(f"{what} must be a non-empty string (GBNF such as 'root ::= \"yes\" | \"no\"')")
 
 
-def _checked(text: str, what: str) -> Grammar:
+def _checked(text: str, what: str, schema: dict | None = None) -> Grammar:
     import llguidance
 
     failed, messages = llguidance.LLMatcher.validate_grammar_with_warnings(text)
     if failed:
         raise SpecdecError(f"{what} is not usable: {messages[0].strip()}")
-    return Grammar(text, what)
+    return Grammar(text, what, schema)

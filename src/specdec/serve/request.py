@@ -175,12 +175,9 @@ def _completion_prompt(body: dict, model: Model, encode_text) -> list[int]:
 
 
 def _with_tools(grammar: Grammar | None, tool_use: ToolUse | None) -> Grammar | None:
-    """The reply's grammar: the response format's, or the tool calls' (not both: a 400)."""
-    calls = tool_grammar(tool_use) if tool_use is not None else None
-    if calls is not None and grammar is not None:
-        raise invalid("a response format (or grammar) together with tools is not supported: send one of them",
-                      "response_format", "conflicting_parameters")
-    return calls or grammar
+    """The reply's grammar: the tool calls' (with a JSON response format's answer as their
+    alternative: serve.tool_grammar), else the response format's."""
+    return tool_grammar(tool_use, grammar) if tool_use is not None else grammar
 
 
 def _chat_logprobs(body: dict) -> int | None:
