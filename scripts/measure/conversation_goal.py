@@ -6,7 +6,10 @@ the server's own, the openai client.
 
 Servers (--servers, comma list of these names):
   specdec-plain    specdec serve --proposer ar (the prefix cache on, as by default)
-  specdec-auto     specdec serve --proposer auto (this CPU's saved or default choice)
+  specdec-auto     specdec serve (--proposer auto: this CPU's saved or default choice, a draft chain
+                   with the server's memory of earlier requests: suffix+draft)
+  specdec-draft    specdec serve --proposer auto:memory=0 (auto's choice without the memory: the
+                   draft alone, what auto ran before it remembered)
   specdec-suffix   specdec serve --proposer suffix+draft with auto's draft options (the memory of
                    earlier requests where it expects k accepted, else the draft)
   specdec-memory   specdec serve --proposer suffix:k=8 (the memory alone, no draft model)
@@ -18,7 +21,7 @@ Servers (--servers, comma list of these names):
     flock /tmp/cpu.lock .venv/bin/python scripts/measure/conversation_goal.py --out runs/code \\
         --dataset code-edit --limit 3 --servers specdec-suffix,llama-plain,llama-ngram,llama-draft
     flock /tmp/cpu.lock .venv/bin/python scripts/measure/conversation_goal.py --out runs/mt \\
-        --dataset mt-bench --per-category 1 --servers specdec-auto,specdec-suffix
+        --dataset mt-bench --per-category 1 --servers specdec-auto,specdec-draft,specdec-memory
     ... --parallel 2 (llama-server's slots, and bench --concurrency 2)
 
 --baseline NAME is bench's (the digest's ratios); summary.json pairs every two servers. A folder
@@ -43,6 +46,7 @@ from specdec.registry import gguf_file
 TARGET, DRAFT = "qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct"
 AUTO_DRAFT = "k=4:quant=int3:vocab=32768:conf=0.6"  # auto's draft on an AVX-512 BF16 CPU (tune.saved)
 SPECDEC = {"specdec-plain": ["--proposer", "ar"], "specdec-auto": ["--proposer", "auto"],
+           "specdec-draft": ["--proposer", "auto:memory=0"],
            "specdec-suffix": ["--proposer", f"suffix+draft:{AUTO_DRAFT}"],
            "specdec-memory": ["--proposer", "suffix:k=8"],
            "specdec-nocache": ["--proposer", f"suffix+draft:{AUTO_DRAFT}", "--no-prefix-cache"]}

@@ -77,7 +77,7 @@ _ROUND = ("conf", "pay", "dyn")  # a draft's adaptive-k policies
 KINDS: dict[str, Kind] = {
     "ar": Kind(("cat",), "specdec", build=_plain),
     # auto's options override what it resolves to, where that method takes them (resolve_auto)
-    "auto": Kind(("k", "ngram", "quant", "vocab", *_ROUND, "width"), "auto"),
+    "auto": Kind(("k", "ngram", "quant", "vocab", *_ROUND, "width", "memory"), "auto"),
     "draft": Kind(("k", "quant", "vocab", *_ROUND, "width", "cat"), "specdec", uses_draft=True, build=_draft),
     "lookup": Kind(("k", "ngram", "cat"), "specdec", build=_lookup),
     "hybrid": Kind(("k", "ngram", "quant", "vocab", *_ROUND, "cat"), "specdec", uses_draft=True, build=_hybrid),

@@ -64,4 +64,6 @@ OPTIONS: dict[str, tuple[Callable[[str], Any], str]] = {
     "width": (_width, "tree: beside each draft guess its W-1 next most likely tokens"),
     "cat": (_switch, "KV caches grown by concatenation (transformers') instead of preallocated"),
     "name": (_name, "the endpoint's name in --endpoint NAME=URL (specdec.external.endpoints)"),
+    "memory": (_switch, "auto: a draft chain chosen runs with a memory of earlier requests' prompts and outputs "
+                        "(suffix+draft: the memory's confident guesses, else the draft's); specdec serve's default"),
 }

@@ -4,6 +4,7 @@
 
     ar                          plain decoding (`none` is the same method)
     auto                        what `specdec advise` measured best here (specdec.tune.advice)
+    auto:memory=1               the same, a draft chain with the memory of earlier requests (serve's)
     draft:k=4:quant=int8:vocab=32768:conf=0.7:width=2, draft:k=6:dyn=1
     lookup:k=8:ngram=3
     hybrid:k=2                  prompt lookup when an n-gram matches, else the draft
@@ -53,6 +54,7 @@ class Method:
     width: int | None = None  # None: a chain
     cat: bool = False
     name: str | None = None  # an endpoint's
+    memory: bool | None = None  # auto's: None, not given (specdec serve then says 1)
 
     @property
     def label(self) -> str:
@@ -146,14 +148,27 @@ def parse_list(text: str, flags: Flags | None = None, where: str = "--methods") 
 
 
 def resolve_auto(auto: Method, chosen: Method) -> tuple[Method, list[str]]:
-    """The method `auto` runs: the chosen one with auto's options where it takes them; returns
-    it and the options it does not take (none apply to plain decoding)."""
-    mine = {name: getattr(auto, name) for name in OPTIONS}
+    """The method `auto` runs: the chosen one with auto's options where it takes them, and with
+    the memory where auto's memory=1 and it is a draft chain (remembering); returns it and the
+    options it does not take (none apply to plain decoding)."""
+    mine = {name: getattr(auto, name) for name in OPTIONS if name != "memory"}
     mine = {name: value for name, value in mine.items() if value is not None and value is not False}
     taken = {name: value for name, value in mine.items() if name in KINDS[chosen.kind].options}
     resolved = replace(chosen, **taken)
     _check(resolved.label, resolved)
-    return resolved, [f"{name}={_spell(value)}" for name, value in mine.items() if name not in taken]
+    dropped = [f"{name}={_spell(value)}" for name, value in mine.items() if name not in taken]
+    return (remembering(resolved) if auto.memory else resolved), dropped
+
+
+def remembering(method: Method) -> Method:
+    """A draft chain as suffix+draft with the same draft and round options (the memory's
+    confident guesses, else the draft's: where a server's requests repeat what it saw, as
+    conversations do); any other method as it is (plain decoding, model-free, a tree, the
+    lookup hybrid)."""
+    if method.kind != "draft" or method.width:
+        return method
+    return Method("suffix+draft", k=method.k, quant=method.quant, vocab=method.vocab, conf=method.conf,
+                  pay=method.pay, dyn=method.dyn, cat=method.cat)
 
 
 def legacy(entry: Mapping[str, Any]) -> Method:
