@@ -299,7 +299,7 @@ BAD = [
     ("completions", {"prompt": PROMPT, "temperature": -0.5}, 400, "temperature must be >= 0"),
     ("completions", {"prompt": PROMPT, "top_p": 0}, 400, "top_p must be in (0, 1]"),
     ("completions", {"prompt": PROMPT, "top_p": 1.5}, 400, "top_p must be in (0, 1]"),
-    ("completions", {"prompt": PROMPT, "n": 2}, 400, "n > 1 is not supported"),
+    ("completions", {"prompt": PROMPT, "n": 17}, 400, "n must be between 1 and 16"),
     ("completions", {"prompt": PROMPT, "presence_penalty": 2.5}, 400, "presence_penalty must be in [-2, 2]"),
     ("completions", {"prompt": PROMPT, "frequency_penalty": -3}, 400, "frequency_penalty must be in [-2, 2]"),
     ("completions", {"prompt": PROMPT, "repetition_penalty": 0}, 400, "repetition_penalty must be > 0"),

@@ -176,14 +176,16 @@ async def _watch(request: Request, job: Job) -> None:
 
 async def _whole(request: Request, job: Job, reply: Reply) -> Response:
     watcher = asyncio.create_task(_watch(request, job))
-    deltas = []
+    deltas, ends = [[] for _ in range(job.generation.n)], {}  # per choice
     try:
         while True:
             event = await job.events.get()
             if isinstance(event, Tokens):
-                deltas.extend(event.deltas)
+                deltas[event.index].extend(event.deltas)
             elif isinstance(event, Finished):
-                return JSONResponse(reply.whole(event.text, deltas, event.finish, event.usage, event.timings))
+                ends[event.index] = event
+                if len(ends) == len(deltas):
+                    return JSONResponse(reply.whole([ends[i] for i in range(len(deltas))], deltas))
             elif isinstance(event, Failed):
                 raise event.error
     finally:
@@ -199,12 +201,13 @@ async def _events(request: Request, job: Job, reply: Reply):
         while True:
             event = await job.events.get()
             if isinstance(event, Tokens):
-                for chunk in reply.chunks(event.deltas) if event.deltas else ():
+                for chunk in reply.chunks(event.deltas, event.index) if event.deltas else ():
                     yield _sse(chunk)
             elif isinstance(event, Finished):
-                for chunk in reply.last_chunks(event.finish, event.usage, event.timings):
+                for chunk in reply.last_chunks(event, event.index):
                     yield _sse(chunk)
-                break
+                if reply.done:  # every choice ended
+                    break
             elif isinstance(event, Failed):
                 yield _sse(event.error.body())
                 break

@@ -4,7 +4,8 @@ stream, stop strings, logprobs, metrics and timings).
 
 The worker talks to the HTTP side only through Jobs: each holds a checked Generation, a cancel
 flag the HTTP side sets (client gone, server stopping), and an asyncio queue the worker fills,
-from its thread, with Tokens events (per round), then one Finished or Failed.
+from its thread, with Tokens events (per round), then one Finished, for each of the request's n
+choices (the events name their choice's index); or a Failed, which ends the whole request.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ LOGPROB_FLOOR = -9999.0  # -inf is not JSON: log-probabilities are clamped here,
 @dataclass(frozen=True)
 class Tokens:
     deltas: list[Delta]
+    index: int = 0  # the choice
 
 
 @dataclass(frozen=True)
@@ -36,6 +38,7 @@ class Finished:
     finish: str  # "stop", "length", "cancelled"
     usage: dict
     timings: dict
+    index: int = 0  # the choice
 
 
 @dataclass(frozen=True)
@@ -72,13 +75,15 @@ class Job:
 
 
 class Decode:
-    """A job in the worker's scheduler: the engine's on_commit / on_target_logits hooks turn
-    committed tokens into text deltas (cut at a stop string) with logprobs, and record the
-    time-to-first-token and inter-token latencies; start() marks the end of its wait, finish()
-    sends the last events."""
+    """One choice of a job in the worker's scheduler (`index`: 0..n-1): the engine's on_commit /
+    on_target_logits hooks turn committed tokens into text deltas (cut at a stop string) with
+    logprobs, and record the time-to-first-token and inter-token latencies; start() marks the
+    end of its wait, finish() sends the last events. Choice 0 is the one the job queue counted
+    and the one whose prompt tokens the metrics count (once per request, as usage does)."""
 
-    def __init__(self, job: Job, name: str, metrics: ServerMetrics, tokenizer, tokenizer_lock: threading.Lock):
-        self.job, self.name, self.metrics = job, name, metrics
+    def __init__(self, job: Job, name: str, metrics: ServerMetrics, tokenizer, tokenizer_lock: threading.Lock,
+                 index: int = 0):
+        self.job, self.name, self.metrics, self.index = job, name, metrics, index
         self.tokenizer, self.tokenizer_lock = tokenizer, tokenizer_lock
         g = job.generation
         self.started = self.queue_s = 0.0
@@ -87,6 +92,7 @@ class Decode:
         self.kept = 0
         self.first_at: float | None = None
         self.last_at = self.started
+        self.failed = False
 
     def start(self) -> None:
         """The scheduler starts it: its wait ends, it counts as running."""
@@ -116,7 +122,7 @@ class Decode:
             self.kept += 1
             if self.text.stopped:
                 break
-        self.job.put(Tokens(deltas))
+        self.job.put(Tokens(deltas, self.index))
         return self.text.stopped or self.job.cancelled
 
     def finish(self, result, method: str, cached: int | None = None) -> float:
@@ -134,18 +140,25 @@ class Decode:
                           cached or 0)
         m.running.labels(self.name).dec()
         if tail:
-            self.job.put(Tokens([Delta(tail)]))
-        m.ended(finish, len(g.prompt_ids), self.kept, result.stats)
+            self.job.put(Tokens([Delta(tail)], self.index))
+        m.ended(finish, self.prompt_counted, self.kept, result.stats)
         if cached is not None:
             m.prefix_cache(len(g.prompt_ids), cached)
         m.e2e.labels(self.name).observe(time.perf_counter() - self.job.arrived)
-        self.job.put(Finished(self.text.text, finish, usage(len(g.prompt_ids), self.kept, cached), figures))
+        self.job.put(Finished(self.text.text, finish, usage(len(g.prompt_ids), self.kept, cached), figures,
+                              self.index))
         return time.perf_counter() - self.started
 
     def fail(self, error: ApiError) -> None:
+        self.failed = True
         self.metrics.running.labels(self.name).dec()
-        self.metrics.ended("error", len(self.job.generation.prompt_ids), self.kept, None)
+        self.metrics.ended("error", self.prompt_counted, self.kept, None)
         self.job.put(Failed(error))
+
+    @property
+    def prompt_counted(self) -> int:
+        """The prompt tokens the metrics add for this choice: the prompt's, once per request."""
+        return len(self.job.generation.prompt_ids) if self.index == 0 else 0
 
     def _logprobs(self, rows, tokens: list[int], top: int) -> list[TokenLogprob]:
         """The target's log-probabilities (raw logits, no temperature or truncation, as vLLM and

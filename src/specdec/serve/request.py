@@ -3,10 +3,12 @@
 one a 4xx ApiError that names the field and says what to send instead, so nothing a client sends
 can raise in the worker. A temperature below GREEDY_BELOW decodes greedily.
 
-Fields this server does not implement are refused when they would change the output (n > 1,
-echo, suffix), so a client never gets a silently different completion; fields that change
-nothing here (user, metadata, llama.cpp's cache_prompt, ...) and unknown fields are ignored, as
-vLLM and llama-server do. Absent sampling fields take the server's defaults (`specdec serve
+`n` asks for several choices of one prompt (up to MAX_CHOICES): the worker decodes them as n
+sequences sharing the prompt (serve.rounds), choice i sampling with seed + i where a seed is set.
+Fields this server does not implement are refused when they would change the output (best_of
+other than n, echo, suffix), so a client never gets a silently different completion; fields
+that change nothing here (user, metadata, llama.cpp's cache_prompt, ...) and unknown fields are
+ignored, as vLLM and llama-server do. Absent sampling fields take the server's defaults (`specdec serve
 --temperature/--top-k/--top-p/--seed`, `--max-new-tokens` for max_tokens), so a server can be
 started greedy or sampling.
 """
@@ -31,6 +33,7 @@ MAX_LOGPROBS = 20  # alternatives per token, as vLLM's default limit
 MAX_STOPS = 16
 MAX_STOP_CHARS = 256  # each stop string's length: the text stream holds back up to this much per token
 MAX_TEMPERATURE = 100.0  # OpenAI's range ends at 2; far above, float32 logits / T only flattens further
+MAX_CHOICES = 16  # n: each choice is a sequence of its own (a lane, its K/V), decoded beside the others
 
 
 @dataclass(frozen=True)
@@ -80,13 +83,18 @@ class Generation:
     penalties: Penalties = field(default_factory=Penalties)  # presence/frequency/repetition, logit_bias
     tool_use: ToolUse | None = None  # chat with tools: the model's call format, the reply parsed into calls
     grammar: Grammar | None = None  # what the output must match (response_format, grammar: serve.response_format)
+    n: int = 1  # choices: n sequences of the prompt, choice i seeded with seed + i
+
+
+def choice_seed(seed: int | None, index: int) -> int | None:
+    """The seed choice `index` of a request samples with: seed + index (vLLM's rule), so each
+    choice equals a lone request with that seed and no two choices share a generator."""
+    return None if seed is None else seed + index
 
 
 # Fields that would change the output and are not implemented: refused unless they hold the
 # value that means "off". Each maps to (is it off?, what to do instead).
 _REFUSED = {
-    "n": (lambda v: v in (None, 1), "n > 1 is not supported: send n requests (each decodes on its own)"),
-    "best_of": (lambda v: v in (None, 1), "best_of > 1 is not supported: send one request per candidate"),
     "echo": (lambda v: not v, "echo is not supported: the reply never repeats the prompt; leave it out"),
     "suffix": (lambda v: not v, "suffix (insertion) is not supported: leave it out"),
     "functions": (lambda v: not v, "functions (the old form of tools) are not supported: send them as tools"),
@@ -95,7 +103,7 @@ _REFUSED = {
     "guided_json": (lambda v: v is None, "guided decoding is not supported: leave it out"),
     "guided_regex": (lambda v: v is None, "guided decoding is not supported: leave it out"),
 }
-_COMPLETIONS_ONLY = {"echo", "suffix", "best_of"}  # chat has no such fields: ignored there
+_COMPLETIONS_ONLY = {"echo", "suffix"}  # chat has no such fields: ignored there
 
 
 def read_request(body: object, api: str, model: Model, encode_text, encode_chat) -> Generation:
@@ -110,6 +118,7 @@ def read_request(body: object, api: str, model: Model, encode_text, encode_chat)
     for name, (off, why) in _REFUSED.items():
         if name in body and not off(body[name]) and not (api == CHAT and name in _COMPLETIONS_ONLY):
             raise invalid(why, name, "unsupported_parameter")
+    n = _choices(body, api)
     grammar = read_grammar(body)
     tool_use = None
     if api == COMPLETIONS:
@@ -134,8 +143,23 @@ def read_request(body: object, api: str, model: Model, encode_text, encode_chat)
         penalties=read_penalties(body, model.vocab_size),
         stop=_stops(body) + (tool_use.stops if tool_use else ()), stream=stream, include_usage=include_usage,
         logprobs=logprobs, ids_as_tokens=flag(body, "return_tokens_as_token_ids", False),
-        ignore_eos=flag(body, "ignore_eos", False), tool_use=tool_use, grammar=grammar,
+        ignore_eos=flag(body, "ignore_eos", False), tool_use=tool_use, grammar=grammar, n=n,
     )
+
+
+def _choices(body: dict, api: str) -> int:
+    """n, the choices asked for; completions' best_of only where it changes nothing (equal to n:
+    every candidate decoded is returned, none ranked away)."""
+    n = integer(body, "n")
+    n = 1 if n is None else n
+    if not 1 <= n <= MAX_CHOICES:
+        raise invalid(f"n must be between 1 and {MAX_CHOICES} (choices of one prompt), got {n}: send several "
+                      "requests for more", "n")
+    best_of = body.get("best_of") if api == COMPLETIONS else None
+    if best_of is not None and (isinstance(best_of, bool) or best_of != n):
+        raise invalid(f"best_of other than n is not supported (got best_of {best_of!r}, n {n}): every choice "
+                      "decoded is returned, none ranked away; leave best_of out", "best_of", "unsupported_parameter")
+    return n
 
 
 def _check_model(name: object, model: Model) -> None:

@@ -14,6 +14,13 @@ the late dropped, a round run, events out to each job (serve.job). What a client
 - after stop(): waiting requests get 503, running ones finish until the shutdown timeout and
   then end with finish_reason "abort".
 Anything that escapes serve() is the watchdog's (serve.worker).
+
+A request for n choices is n scheduler requests (choice i sampling with seed + i). With the
+prefix cache, choice 0 starts alone and the others are held back until it has forwarded the
+prompt (its first token committed): then their lanes start from its lane (or the entry it left)
+through the prefix cache, copying the prompt's K/V but its last token, which each forwards for
+its own first row; so the prompt is computed once, not n times. Without the cache all n start
+at once, each forwarding the prompt. A cancelled request drops all its choices, held or running.
 """
 
 from __future__ import annotations
@@ -26,7 +33,8 @@ from collections.abc import Callable
 
 from ..errors import SpecdecError
 from .errors import ApiError, internal
-from .job import Decode, Failed, Finished, JobQueue
+from .job import Decode, Failed, Finished, Job, JobQueue
+from .request import choice_seed
 from .respond import usage
 from .response_format import grammar_rules
 
@@ -41,6 +49,9 @@ class Rounds:
         self.mean_s = 1.0  # moving average of a request's decode time, for Retry-After
         self._stopping = threading.Event()
         self._abort_at = math.inf
+        # a request's choice 0 (its scheduler Request) -> its other choices' (prompt, options,
+        # Decode), added once it has forwarded the prompt
+        self._held: dict[object, list[tuple]] = {}
         scheduler.on_start = self._started
 
     def stop(self, timeout: float) -> None:
@@ -55,15 +66,16 @@ class Rounds:
         running requests finish (or its timeout ended them)."""
         s = self.scheduler
         while True:
-            self._take(block=s.idle and not self._stopping.is_set())
+            self._take(block=s.idle and not self._held and not self._stopping.is_set())
             if self._stopping.is_set():
                 self._refuse_unstarted()
-                if s.idle:
+                if s.idle and not self._held:
                     return
                 if time.monotonic() >= self._abort_at:
                     self._abort()
                     return
             self._sweep()
+            self._follow()
             if not s.idle:
                 self._round()
 
@@ -71,16 +83,14 @@ class Rounds:
         """Answer every request still here with `error` (the worker died)."""
         for request in self.scheduler.drain():
             if request.decoding is None:
-                self.jobs.left()
+                self._left(request.tag)
                 request.tag.job.put(Failed(error))
             else:
                 request.tag.fail(error)
+        self._drop_held()
 
     def _take(self, block: bool) -> None:
         """Jobs from the HTTP side into the scheduler's queue (waiting for one if `block`)."""
-        from ..decode.sampling import SamplingConfig
-        from ..decode.sequence import Options
-
         while True:
             job = self.jobs.take(block)
             if job is None and not block:
@@ -92,23 +102,72 @@ class Rounds:
                 self.jobs.left()
                 job.put(Failed(_stopping()))
                 continue
-            g, p = job.generation, job.generation.sampling
-            decode = Decode(job, self.name, self.metrics, self.loaded.tokenizer, self.tokenizer_lock)
             try:  # the grammar's rule reads the tokenizer (once per server: ~1 s on 151,936 ids)
-                with self.tokenizer_lock:
-                    grammar = grammar_rules(g.grammar, self.loaded.tokenizer, self.loaded.lm, len(g.prompt_ids))
+                first, *others = [self._choice(job, i) for i in range(job.generation.n)]
             except SpecdecError as e:  # a tokenizer the grammar library cannot read
                 self.jobs.left()
                 job.put(Failed(ApiError(400, str(e), "response_format", "unsupported_grammar")))
                 continue
-            options = Options(g.max_tokens, SamplingConfig(p.temperature, p.top_k, p.top_p, p.min_p), p.seed,
-                              [] if g.ignore_eos else None, decode.on_commit, decode.on_target_logits,
-                              rules=g.penalties.rules(len(g.prompt_ids), self.loaded.lm.vocab_size) + grammar)
-            self.scheduler.add(list(g.prompt_ids), options, decode)
+            request = self.scheduler.add(*first)
+            if others and self.scheduler.prefix_cache:
+                self._held[request] = others  # they start once it has forwarded the prompt (_follow)
+            else:
+                for choice in others:
+                    self.scheduler.add(*choice)
+
+    def _choice(self, job: Job, index: int) -> tuple[list[int], object, Decode]:
+        """What the scheduler takes for one choice of `job`: its prompt, its Options (its own
+        seed, and rules of its own: a rule may keep state) and its Decode."""
+        from ..decode.sampling import SamplingConfig
+        from ..decode.sequence import Options
+
+        g, p = job.generation, job.generation.sampling
+        decode = Decode(job, self.name, self.metrics, self.loaded.tokenizer, self.tokenizer_lock, index)
+        with self.tokenizer_lock:
+            grammar = grammar_rules(g.grammar, self.loaded.tokenizer, self.loaded.lm, len(g.prompt_ids))
+        options = Options(g.max_tokens, SamplingConfig(p.temperature, p.top_k, p.top_p, p.min_p),
+                          choice_seed(p.seed, index), [] if g.ignore_eos else None, decode.on_commit,
+                          decode.on_target_logits,
+                          rules=g.penalties.rules(len(g.prompt_ids), self.loaded.lm.vocab_size) + grammar)
+        return list(g.prompt_ids), options, decode
+
+    def _follow(self) -> None:
+        """Add the held choices of every request whose choice 0 has forwarded the prompt (its
+        first token committed): their lanes start from its lane, or from the entry it left, through
+        the prefix cache. Those of a request that ended otherwise (cancelled, refused, failed
+        before its first token) end as cancelled: its client has its answer or is gone."""
+        s = self.scheduler
+        for request, others in list(self._held.items()):
+            first = request.tag
+            if first.first_at is not None and not first.failed and not first.job.cancelled:
+                for choice in others:
+                    s.add(*choice)
+            elif not first.job.cancelled and (request in s.waiting or request.decoding in s.active):
+                continue  # still on its way to its first token
+            else:
+                self._cancel_held(others)
+            del self._held[request]
+
+    def _drop_held(self) -> None:
+        """End every held choice as cancelled (the server is stopping, or the worker died)."""
+        for others in self._held.values():
+            self._cancel_held(others)
+        self._held.clear()
+
+    def _cancel_held(self, choices: list[tuple]) -> None:
+        for _, _, decode in choices:
+            self.metrics.ended("cancelled", 0, 0, None)
+            decode.job.put(Finished("", "cancelled", usage(0, 0), {}, decode.index))
 
     def _started(self, request, alone: bool) -> None:
-        self.jobs.left()
+        self._left(request.tag)
         request.tag.start()
+
+    def _left(self, decode: Decode) -> None:
+        """A request left the job queue: its choice 0 started, or was refused or cancelled
+        before it did (the queue counts a request once, whatever its n)."""
+        if decode.index == 0:
+            self.jobs.left()
 
     def _sweep(self) -> None:
         """Drop every request whose client left or whose --request-timeout passed."""
@@ -129,12 +188,12 @@ class Rounds:
             self._ended(decode, lambda: decode.finish(request.decoding.result("stopped"), self.loaded.method,
                                                       request.cached))
             return
-        self.jobs.left()
+        self._left(decode)
         if unstarted is not None:
             decode.job.put(Failed(unstarted))
         else:
             self.metrics.ended("cancelled", 0, 0, None)
-            decode.job.put(Finished("", "cancelled", usage(0, 0), {}))
+            decode.job.put(Finished("", "cancelled", usage(0, 0), {}, decode.index))
 
     def _round(self) -> None:
         s = self.scheduler
@@ -161,8 +220,9 @@ class Rounds:
         self.mean_s = 0.8 * self.mean_s + 0.2 * seconds
 
     def _refuse_unstarted(self) -> None:
+        """Refuse the requests that have not started; the other choices of one that has go on."""
         s = self.scheduler
-        for request in [r for r in s.waiting if r.decoding is None]:
+        for request in [r for r in s.waiting if r.decoding is None and (r.tag.index == 0 or r.tag.job.cancelled)]:
             s.cancel(request)
             self._gone(request, _stopping())
 
@@ -172,6 +232,7 @@ class Rounds:
               f"({self.limits.shutdown_timeout:g} s) end now (finish_reason abort)", file=sys.stderr, flush=True)
         for request in left:
             self._gone(request, _stopping())
+        self._drop_held()
 
 
 def _stopping() -> ApiError:

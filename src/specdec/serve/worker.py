@@ -3,9 +3,9 @@
 (serve.rounds) over the jobs the HTTP side submits (serve.job). This module is the thread's
 life and the HTTP side's calls:
 
-- submit: a request larger than the whole K/V budget is a 400 at once (check_fits); more than
-  --max-queue waiting is a 503 with Retry-After; the worker never blocks on a client (Job.put
-  only schedules an event on the client's loop).
+- submit: a request larger than the whole K/V budget (its n choices together) is a 400 at once
+  (check_fits); more than --max-queue waiting is a 503 with Retry-After; the worker never blocks
+  on a client (Job.put only schedules an event on the client's loop).
 - the watchdog: anything that escapes the loop (a bug outside every request's own error
   handling) leaves /health answering 503 with the reason, every queued and running request a
   500 at once, and `on_death` stopping the server, which exits non-zero so that a supervisor
@@ -95,11 +95,20 @@ class DecodeWorker:
 
     def check_fits(self, generation: Generation) -> None:
         """A 400 for a request that could never run, its prompt and max_tokens past the whole
-        K/V budget (before it queues)."""
-        error = self.scheduler.room_error(len(generation.prompt_ids), generation.max_tokens) if self.scheduler else None
+        K/V budget (before it queues), or whose n choices could not all be held at once (each
+        holds its own copy of the prompt)."""
+        s, g = self.scheduler, generation
+        if s is None:
+            return
+        error, param = s.room_error(len(g.prompt_ids), g.max_tokens), "max_tokens"
+        need = g.n * s.budget.rounded(len(g.prompt_ids) + g.max_tokens)
+        if error is None and g.n > 1 and s.kv_tokens is not None and need > s.kv_tokens:
+            error, param = (f"n={g.n} choices of the prompt ({len(g.prompt_ids)} tokens) and max_tokens "
+                            f"({g.max_tokens}) need {need} K/V positions together, more than the server's whole "
+                            f"budget of {s.kv_tokens} (--kv-tokens): lower n or max_tokens"), "n"
         if error is not None:
             self.metrics.reject("too_large")
-            raise ApiError(400, error, "max_tokens", "kv_budget_exceeded")
+            raise ApiError(400, error, param, "kv_budget_exceeded")
 
     def submit(self, job: Job) -> None:
         self.check_fits(job.generation)
