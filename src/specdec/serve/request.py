@@ -100,8 +100,6 @@ _REFUSED = {
     "functions": (lambda v: not v, "functions (the old form of tools) are not supported: send them as tools"),
     "function_call": (lambda v: v in (None, "none"), "function_call (the old form of tool_choice) is not supported: "
                                                      "send tool_choice"),
-    "guided_json": (lambda v: v is None, "guided decoding is not supported: leave it out"),
-    "guided_regex": (lambda v: v is None, "guided decoding is not supported: leave it out"),
 }
 _COMPLETIONS_ONLY = {"echo", "suffix"}  # chat has no such fields: ignored there
 

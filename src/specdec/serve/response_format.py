@@ -1,21 +1,36 @@
 """A request's structured-output fields -> the grammar its output must match (specdec.constrain):
 OpenAI's response_format ({"type": "text"}: none; {"type": "json_object"}; {"type": "json_schema",
-"json_schema": {"name", "schema", "strict"}}) and llama-server's `grammar` (GBNF, or llguidance's
-Lark) and top-level `json_schema`. At most one of them; an invalid schema or grammar is a 400
-that names the problem. The worker turns the grammar into the generation's rule (grammar_rules)."""
+"json_schema": {"name", "schema", "strict"}}), llama-server's `grammar` (GBNF, or llguidance's
+Lark) and top-level `json_schema`, and vLLM's `guided_json` (a schema, or its JSON text),
+`guided_regex`, `guided_choice` (a list of strings), `guided_grammar` and its newer
+`structured_outputs` object (one of json, regex, choice, grammar, json_object: true). At most one
+of them; an invalid schema, regex or grammar is a 400 that names the problem. vLLM's options
+beside them (guided_decoding_backend, guided_whitespace_pattern, ...) are ignored: llguidance
+decodes every grammar here, its JSON whitespace bounded as constrain bounds it. The worker turns
+the grammar into the generation's rule (grammar_rules)."""
 
 from __future__ import annotations
 
-from ..constrain import Grammar, gbnf, grammar_rule, json_object, json_schema
+import json
+
+from ..constrain import Grammar, choice, gbnf, grammar_rule, json_object, json_schema, regex
 from ..errors import SpecdecError
 from .errors import invalid
 
-_FIELDS = ("response_format", "grammar", "json_schema")
+_READERS = {  # field -> its value's grammar (the field's name in messages)
+    "response_format": lambda value, name: _response_format(value),
+    "grammar": gbnf, "json_schema": json_schema, "guided_grammar": gbnf,
+    "guided_json": lambda value, name: json_schema(_schema_value(value, name), name),
+    "guided_regex": regex, "guided_choice": choice,
+    "structured_outputs": lambda value, name: _structured_outputs(value),
+}
+_STRUCTURED = {"json": "guided_json", "regex": "guided_regex", "choice": "guided_choice", "grammar": "guided_grammar"}
+_JSON = ("response_format", "json_schema", "guided_json")  # a bad value of these is an invalid_schema
 
 
 def read_grammar(body: dict) -> Grammar | None:
     """The grammar the request's output must match, or None."""
-    given = [name for name in _FIELDS if body.get(name) is not None and body.get(name) != {"type": "text"}]
+    given = [name for name in _READERS if body.get(name) is not None and body.get(name) != {"type": "text"}]
     if len(given) > 1:
         raise invalid(f"send one of {', '.join(given)}: each says what the output must match", given[1],
                       "conflicting_parameters")
@@ -23,13 +38,9 @@ def read_grammar(body: dict) -> Grammar | None:
         return None
     name = given[0]
     try:
-        if name == "grammar":
-            return gbnf(body[name], "grammar")
-        if name == "json_schema":
-            return json_schema(body[name], "json_schema")
-        return _response_format(body[name])
+        return _READERS[name](body[name], name)
     except SpecdecError as e:
-        raise invalid(str(e), name, "invalid_grammar" if name == "grammar" else "invalid_schema") from None
+        raise invalid(str(e), name, "invalid_schema" if name in _JSON else "invalid_grammar") from None
 
 
 def _response_format(value: object) -> Grammar:
@@ -47,6 +58,34 @@ def _response_format(value: object) -> Grammar:
                            "(and a \"name\"), as {\"name\": \"reply\", \"schema\": {\"type\": \"object\"}}")
     name = spec.get("name")
     return json_schema(spec["schema"], f"response_format.json_schema{f' {name!r}' if isinstance(name, str) else ''}")
+
+
+def _schema_value(value: object, name: str) -> object:
+    """A schema sent as an object or as its JSON text (vLLM takes both)."""
+    if not isinstance(value, str):
+        return value
+    try:
+        return json.loads(value)
+    except ValueError as e:
+        raise SpecdecError(f"{name} is a string that is not JSON ({e}): send the schema as an object") from None
+
+
+def _structured_outputs(value: object) -> Grammar:
+    """vLLM's structured_outputs: one of json, regex, choice, grammar or json_object: true."""
+    keys = "json, regex, choice, grammar or json_object"
+    if not isinstance(value, dict):
+        raise SpecdecError(f"structured_outputs must be an object with one of {keys}, such as {{\"choice\": "
+                           "[\"yes\", \"no\"]}")
+    if value.get("structural_tag") is not None:
+        raise SpecdecError("structured_outputs.structural_tag is not supported: send tools (tool calls are held to "
+                           f"their schemas) or one of {keys}")
+    given = [k for k in (*_STRUCTURED, "json_object") if value.get(k) not in (None, False)]
+    if len(given) != 1:
+        raise SpecdecError(f"structured_outputs must hold exactly one of {keys}, got {', '.join(given) or 'none'}")
+    key = given[0]
+    if key == "json_object":
+        return json_object()
+    return _READERS[_STRUCTURED[key]](value[key], f"structured_outputs.{key}")
 
 
 def grammar_rules(grammar: Grammar | None, tokenizer, lm, prompt_length: int) -> tuple:
