@@ -121,3 +121,20 @@ def test_two_fields_or_a_bad_value_is_a_400_naming_it(server, extra, param, mess
         running.client().completions.create(model=running.name, prompt=PROMPT, max_tokens=4, extra_body=extra)
     error = caught.value.body
     assert error["param"] == param and message in error["message"], error
+
+
+def test_the_grammar_vocabulary_is_built_at_start(tmp_path_factory):
+    """The server builds the grammar library's vocabulary while it warms up: its first
+    constrained request finds it cached (no build: ~1.1 s on the default target's vocabulary)."""
+    from specdec.constrain.vocab import _cached
+
+    before = _cached.cache_info().misses
+    running = start_native(tmp_path_factory)
+    try:
+        built = _cached.cache_info().misses
+        reply = running.client().completions.create(model=running.name, prompt=PROMPT, max_tokens=8,
+                                                    extra_body={"guided_choice": CHOICES})
+        assert reply.choices[0].text in CHOICES
+        assert built == before + 1 and _cached.cache_info().misses == built
+    finally:
+        stop(running)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 
 from ..constrain import Grammar, choice, gbnf, grammar_rule, json_object, json_schema, regex
+from ..constrain.vocab import vocab_of
 from ..errors import SpecdecError
 from .errors import invalid
 
@@ -94,3 +95,13 @@ def grammar_rules(grammar: Grammar | None, tokenizer, lm, prompt_length: int) ->
     if grammar is None:
         return ()
     return (grammar_rule(grammar, tokenizer, lm.vocab_size, lm.eos_token_ids, prompt_length),)
+
+
+def prepare_grammars(tokenizer, lm) -> None:
+    """Build the grammar library's vocabulary of `tokenizer` over `lm`'s logits now (at server
+    start: ~1.1 s on 151,936 ids), so the first constrained request does not wait for it. A
+    tokenizer the library cannot read is left to that request's 400, which says why."""
+    try:
+        vocab_of(tokenizer, lm.vocab_size, lm.eos_token_ids)
+    except SpecdecError:
+        return

@@ -217,12 +217,15 @@ class DecodeWorker:
 
     def _warm_up(self) -> None:
         """One short greedy generation, so the first request does not pay one-time costs (weight
-        packing, kernel selection); then the runtime's own cache is given back."""
+        packing, kernel selection; the grammar library's vocabulary); then the runtime's own cache
+        is given back."""
         from ..decode.engine import generate
+        from .response_format import prepare_grammars
 
         loaded = self.loaded
         prompt = list(range(1, 1 + min(8, loaded.lm.vocab_size - 1)))
         generate(loaded.lm, prompt, drafter=loaded.drafter, max_new_tokens=WARMUP_TOKENS, eos_token_id=[])
+        prepare_grammars(loaded.tokenizer, loaded.lm)
         draft_lm = loaded.drafter.draft_lm if loaded.drafter is not None else None
         for lm in (loaded.lm, draft_lm):  # requests decode on lanes of their own
             if lm is not None:
