@@ -18,9 +18,9 @@ Anything that escapes serve() is the watchdog's (serve.worker).
 A request for n choices is n scheduler requests (choice i sampling with seed + i). With the
 prefix cache, choice 0 starts alone and the others are held back until it has forwarded the
 prompt (its first token committed): then their lanes start from its lane (or the entry it left)
-through the prefix cache, copying the prompt's K/V but its last token, which each forwards for
-its own first row; so the prompt is computed once, not n times. Without the cache all n start
-at once, each forwarding the prompt. A cancelled request drops all its choices, held or running.
+through the prefix cache (runtime.native.prefix_cache: a copy of its K/V, or read in place), all
+the prompt but its last token, which each forwards for its own first row; so the prompt is
+computed once, not n times. Without the cache all n start at once, each forwarding the prompt. A cancelled request drops all its choices, held or running.
 """
 
 from __future__ import annotations

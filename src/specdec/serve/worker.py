@@ -96,7 +96,7 @@ class DecodeWorker:
     def check_fits(self, generation: Generation) -> None:
         """A 400 for a request that could never run, its prompt and max_tokens past the whole
         K/V budget (before it queues), or whose n choices could not all be held at once (each
-        holds its own copy of the prompt)."""
+        counted with the prompt and its answer, as a lane that copies the prompt holds them)."""
         s, g = self.scheduler, generation
         if s is None:
             return
