@@ -199,7 +199,7 @@ def test_every_choice_is_a_call_equal_to_the_single_reply(served):
 def test_a_client_that_leaves_frees_every_choice(served):
     before = served.metrics()
     with httpx.stream("POST", f"{served.url}/v1/completions", json={
-            "model": served.name, "prompt": PROMPT, "max_tokens": 1000, "n": 3, "stream": True, "ignore_eos": True,
+            "model": served.name, "prompt": PROMPT, "max_tokens": 1300, "n": 3, "stream": True, "ignore_eos": True,
             "temperature": 1.0}) as events:
         seen = set()
         for line in events.iter_lines():
@@ -215,4 +215,4 @@ def test_a_client_that_leaves_frees_every_choice(served):
     after = served.metrics()
     assert after[("specdec:requests_total", "cancelled")] - before[("specdec:requests_total", "cancelled")] == 3
     assert after[("specdec:num_requests_running",)] == 0
-    assert after[("specdec:generation_tokens_total",)] - before[("specdec:generation_tokens_total",)] < 3 * 1000
+    assert after[("specdec:generation_tokens_total",)] - before[("specdec:generation_tokens_total",)] < 3 * 1300
