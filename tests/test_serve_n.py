@@ -15,9 +15,10 @@ What must hold:
   chunk with a finish_reason; the usage chunk comes once, last;
 - usage: the prompt counted once, the completion tokens summed over the choices (each choice's
   tokens counted from its logprobs entries);
-- the prompt is forwarded once: choice 0 forwards it, every other choice copies all of it but
+- the prompt is forwarded once: choice 0 forwards it, every other choice takes all of it but
   its last token from choice 0's lane (timings.cache_n, timings.prompt_n == 1, and /metrics'
-  prefix-cache counters and prompt-token counter);
+  prefix-cache counters and prompt-token counter); with --no-prefix-cache each choice forwards
+  it, the answers the same;
 - n out of range, best_of other than n, and n choices past the K/V budget are 400s naming the field;
 - tools: each choice is a call, equal to the n=1 reply, streamed and whole alike;
 - a client that leaves a streamed n=3 reply frees all three sequences.
@@ -54,6 +55,13 @@ def served(tmp_path_factory):
 @pytest.fixture(scope="module")
 def planned(tmp_path_factory):
     running = start_native(tmp_path_factory, template=QWEN, tokens=TOKEN_LIST)
+    yield running
+    stop(running)
+
+
+@pytest.fixture(scope="module")
+def uncached(tmp_path_factory):
+    running = start_native(tmp_path_factory, "--no-prefix-cache", template=QWEN, tokens=TOKEN_LIST)
     yield running
     stop(running)
 
@@ -138,7 +146,7 @@ def test_usage_counts_the_prompt_once_and_every_choices_tokens(served):
 
 def test_the_prompt_is_forwarded_once(server):
     """A prompt of token ids no earlier request held: choice 0 forwards all of it, the other three
-    copy all but the last token from its lane (cache_n) and forward one (prompt_n)."""
+    take all but the last token from its lane (cache_n) and forward one (prompt_n)."""
     ids = random.Random(3).sample(range(300, 2000), 40)
     before = server.metrics()
     reply = server.client().completions.create(model=server.name, prompt=ids, max_tokens=8, temperature=0, n=4)
@@ -156,6 +164,18 @@ def test_the_prompt_is_forwarded_once(server):
     assert grew("specdec:prefix_cache_hits_total") == 3 * (len(ids) - 1)
     assert grew("specdec:prompt_tokens_total") == len(ids)  # once per request, as usage counts it
     assert grew("specdec:generation_tokens_total") == reply.usage.completion_tokens == 32
+
+
+def test_without_the_prefix_cache_every_choice_forwards_the_prompt(uncached, served):
+    """--no-prefix-cache: the n choices start at once, each forwarding the whole prompt; the
+    answers are those of the server with the cache."""
+    ids = random.Random(4).sample(range(300, 2000), 20)
+    reply = uncached.client().completions.create(model=uncached.name, prompt=ids, max_tokens=8, temperature=0, n=3)
+    cached = served.client().completions.create(model=served.name, prompt=ids, max_tokens=8, temperature=0, n=3)
+    assert [(c.model_extra["timings"]["cache_n"], c.model_extra["timings"]["prompt_n"]) for c in reply.choices] == \
+        [(0, len(ids))] * 3
+    assert _texts(reply) == _texts(cached) and len(set(_texts(reply))) == 1
+    assert reply.usage.prompt_tokens == len(ids) and reply.usage.completion_tokens == 24
 
 
 @pytest.mark.parametrize("body,param,message", [
