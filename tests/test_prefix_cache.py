@@ -94,8 +94,8 @@ def test_later_turns_start_from_the_cache_and_equal_a_cold_start(models, method,
 @pytest.mark.parametrize("cut", [1, 37, 128, 255, 256])
 @pytest.mark.parametrize("adopt", [True, False])
 def test_a_lane_started_from_the_cache_computes_every_row_as_a_cold_one(models, cut, adopt):
-    """Rows forwarded after a cached prefix (an entry's run taken over, or a live lane's slots
-    copied) have the bits of the same rows of a lane that forwarded everything, in another
+    """Rows forwarded after a cached prefix (an entry's run taken over, or a live lane's first
+    positions made an entry both read in place) have the bits of the same rows of a lane that forwarded everything, in another
     chunking: the prompt's last row, then a block of 4 rows, compared with torch.equal."""
     target, _ = models
     first, block = sequence(300, seed=90), sequence(4, seed=91)
@@ -109,7 +109,9 @@ def test_a_lane_started_from_the_cache_computes_every_row_as_a_cold_one(models, 
     if adopt:
         target.prefixes.park(source)  # an entry of which the prompt reuses half
     warm = target.lane(16)
-    assert target.prefixes.start(warm, prompt) == cut and not target.prefixes.entries
+    assert target.prefixes.start(warm, prompt) == cut
+    assert [e.length for e in target.prefixes.entries] == ([] if adopt else [cut])
+    assert warm.shared[1] == (0 if adopt else cut)
     got = [warm.prefill(prompt, reuse=True), warm.forward(block)]
     for lane in (warm, source):
         lane.release()
@@ -235,9 +237,10 @@ def test_entries_are_evicted_least_recently_used_within_the_budget(models):
     assert _finish(cold)[again.order].new_tokens == warm
 
 
-def test_two_live_requests_share_a_prefix_by_copy_and_equal_cold_starts(models):
-    """A request decodes; a second with the same first 50 tokens arrives while it runs and copies
-    those positions from its live lane (the first keeps its own); both equal cold starts."""
+def test_two_live_requests_share_a_prefix_in_place_and_equal_cold_starts(models):
+    """A request decodes; a second with the same first 50 tokens arrives while it runs: those
+    positions of the first's live lane become an entry both lanes read in place (nothing
+    copied, the slots counted once); both equal cold starts."""
     target, draft = models
     system = sequence(50, seed=60)
     a, b = torch.cat([system, sequence(7, seed=61)]), torch.cat([system, sequence(12, seed=62)])
@@ -251,7 +254,10 @@ def test_two_live_requests_share_a_prefix_by_copy_and_equal_cold_starts(models):
         scheduler.admit()
         if cache:
             assert second.cached == 50 and first.decoding in scheduler.active
-            assert not target.prefixes.entries  # copied from the live lane: nothing was parked
+            (entry,) = target.prefixes.entries  # the first lane's 50 positions, where they lie
+            assert entry.length == 50 and entry.readers == 2
+            assert first.decoding.lm.shared == second.decoding.lm.shared == (entry, 50)
+            assert scheduler.budget.shared(first) == scheduler.budget.shared(second) == 50
         results = _finish(scheduler)
         want[cache] = (results[first.order].new_tokens, results[second.order].new_tokens)
     assert want[True] == want[False]

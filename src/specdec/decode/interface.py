@@ -24,7 +24,7 @@ class PrefixCache(Protocol):
 
     def match(self, tokens: torch.Tensor):
         """Where a lane starting `tokens` would start: `.length` positions reused, `.taken()`
-        of them moved out of the cache's entries."""
+        of them moved out of the cache's entries, the first `.shared` read in place from one."""
 
     def start(self, lane: Runtime, tokens: torch.Tensor) -> int:
         """Start `lane` (holding nothing) from the longest held prefix of `tokens` but their last
@@ -35,6 +35,13 @@ class PrefixCache(Protocol):
 
     def held(self) -> int:
         """Positions the entries hold."""
+
+    def shared(self, lane: Runtime) -> int:
+        """Positions `lane` reads in place from an entry (counted as the entry's, once)."""
+
+    def pinned(self, sparing: torch.Tensor | None = None) -> int:
+        """Positions of the entries live lanes read in place, and the one a lane starting
+        `sparing` would read: no eviction frees them."""
 
     def evict(self, positions: int, sparing: torch.Tensor | None = None) -> int:
         """Drop least recently used entries until `positions` are freed (never the one a lane

@@ -2,8 +2,9 @@
 claims (positions in whole chunks, as it grows), why one can never fit, and the prefix caches'
 entries (runtime.native.prefix_cache), which count within the same budget and are evicted least
 recently used before the scheduler preempts anyone. A request that takes over an entry's run
-claims its positions as its own, so they count once; the draft's entries are kept to no more
-positions than the target's."""
+claims its positions as its own, and one that reads an entry's positions in place claims only
+the rest (they are the entry's, which no eviction frees while it is read), so a slot counts
+once; the draft's entries are kept to no more positions than the target's."""
 
 from __future__ import annotations
 
@@ -37,13 +38,28 @@ class KVBudget:
         """The positions the target's cache may hold for `request` at the end of this round,
         rounded up to whole chunks: its committed tokens but the pending one, then a round's
         block (the pending token and the guesses); one without its first token yet holds its
-        prompt first. Never more than it asked for."""
+        prompt first. Never more than it asked for, nor the positions it reads in place from a
+        cached entry (those count as the entry's)."""
         d = request.decoding
         if d is None or not d.new:
             positions = len(request.prompt) + 1 + self.guesses
         else:
             positions = d.length + d.guesses()
-        return self.rounded(min(positions, request.asked))
+        return self.rounded(min(positions, request.asked) - self.shared(request))
+
+    def shared(self, request: Request) -> int:
+        """Positions of `request`'s target lane read in place from a cached entry: once started,
+        what its lane reads; before, what a start would read now (a stopped one's lanes read none)."""
+        if not self.caches:
+            return 0
+        if request.decoding is not None:
+            return self.caches[0].shared(request.decoding.lm)
+        return self.caches[0].match(torch.as_tensor(request.prompt, dtype=torch.long).flatten()).shared
+
+    def pinned(self, request: Request) -> int:
+        """Positions of the target's entries no eviction frees for `request`: those live lanes
+        read in place and the one it would read."""
+        return self.caches[0].pinned(_rows(request)) if self.caches else 0
 
     def room_error(self, prompt_tokens: int, max_new_tokens: int) -> str | None:
         """Why a request of this size can never run here (None: it can, alone at least)."""
@@ -69,8 +85,7 @@ class KVBudget:
     def evict_for(self, request: Request, running: int) -> None:
         """Evict entries until `request` fits beside the `running` claims, sparing the one it
         would take over (its positions become the request's own, counted in its claim)."""
-        d = request.decoding
-        rows = rows_of(d) if d is not None else torch.as_tensor(request.prompt, dtype=torch.long).flatten()
+        rows = _rows(request)
         taken = self.caches[0].match(rows).taken()
         self.evict(running + self.claim(request) + self.cached() - taken - self.tokens, rows)
 
@@ -82,3 +97,9 @@ class KVBudget:
     def clear(self) -> None:
         for cache in self.caches:
             cache.clear()
+
+
+def _rows(request: Request) -> torch.Tensor:
+    """What `request`'s target lane starts from the prefix cache."""
+    d = request.decoding
+    return rows_of(d) if d is not None else torch.as_tensor(request.prompt, dtype=torch.long).flatten()

@@ -211,7 +211,8 @@ class Scheduler:
         """Whether `request` fits, cached entries evicted for it where that suffices."""
         if self.kv_tokens is None or self.held() + self.budget.claim(request) <= self.kv_tokens:
             return True
-        if not self.prefix_cache or self._running() + self.budget.claim(request) > self.kv_tokens:
+        if not self.prefix_cache or (self._running() + self.budget.claim(request)
+                                     + self.budget.pinned(request) > self.kv_tokens):
             return False
         self.budget.evict_for(request, self._running())
         return True
@@ -221,7 +222,8 @@ class Scheduler:
         frees room for it (only larger ones: a request never displaces a smaller or equal one,
         so two requests cannot take turns preempting each other); cached entries count as free
         room (evicted as needed)."""
-        free, freed = self.kv_tokens - (self._running() if self.prefix_cache else self.held()), []
+        running = self._running() + self.budget.pinned(request) if self.prefix_cache else self.held()
+        free, freed = self.kv_tokens - running, []
         for other in sorted((r for r in self.active.values() if _weight(r) > _weight(request)), key=_weight,
                             reverse=True):
             if free >= self.budget.claim(request):

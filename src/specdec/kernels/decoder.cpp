@@ -58,10 +58,11 @@ struct SdModel {
     SdWeight head;
 };
 
-// Which cache slots a row sees: slots [lo[r], lo[r] + prefix[r]) (its sequence's run of slots)
-// then extra[start[r] .. start[r+1]).
+// Which cache slots a row sees: its sequence's positions j < prefix[r], position j at slot
+// shared[r] + j below split[r] (a prefix read from a run other sequences read too) and at
+// lo[r] + j from there (its own run), then extra[start[r] .. start[r+1]).
 struct SdVisible {
-    const int64_t *lo, *prefix, *start, *extra;
+    const int64_t *lo, *prefix, *start, *extra, *split, *shared;
 };
 
 namespace {
@@ -190,15 +191,18 @@ void rope_and_store(const SdModel& m, const SdLayer& L, float* qkv, int64_t rows
     }
 }
 
-// The slots one row sees, in order: [lo, lo + prefix) then its extras.
+// The slots one row sees, in order: positions [0, prefix) (below split in the shared run, then
+// in its own), then its extras. Attention walks keys by this order j, whatever run holds them,
+// so a row over a shared prefix does the float operations of one over a single run.
 struct Seen {
-    int64_t lo, prefix, count;
+    int64_t lo, prefix, count, split, shared;
     const int64_t* extra;
-    int64_t slot(int64_t j) const { return j < prefix ? lo + j : extra[j - prefix]; }
+    int64_t slot(int64_t j) const { return j < prefix ? (j < split ? shared : lo) + j : extra[j - prefix]; }
 };
 
 inline Seen seen(const SdVisible& vis, int64_t r) {
-    return {vis.lo[r], vis.prefix[r], vis.prefix[r] + vis.start[r + 1] - vis.start[r], vis.extra + vis.start[r]};
+    return {vis.lo[r], vis.prefix[r], vis.prefix[r] + vis.start[r + 1] - vis.start[r], vis.split[r], vis.shared[r],
+            vis.extra + vis.start[r]};
 }
 
 constexpr int64_t kKeyRun = 16;  // keys whose scores with one query head are computed and reduced together

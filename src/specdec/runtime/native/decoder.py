@@ -42,21 +42,23 @@ class _Model(ctypes.Structure):
 
 
 class _Visible(ctypes.Structure):
-    _fields_ = [("lo", _p), ("prefix", _p), ("start", _p), ("extra", _p)]
+    _fields_ = [("lo", _p), ("prefix", _p), ("start", _p), ("extra", _p), ("split", _p), ("shared", _p)]
 
 
 @dataclass
 class Rows:
     """The rows of one decoder call (int64 tensors, see decoder.cpp): row r is token tokens[r]
-    at rotary position positions[r], its K/V written to slot slots[r], seeing slots
-    [lo[r], lo[r] + prefix[r]) then extra[extra_start[r] : extra_start[r + 1]]; logits are
-    computed for the rows listed in `wanted`."""
+    at rotary position positions[r], its K/V written to slot slots[r], seeing its sequence's
+    positions j < prefix[r] (at slot shared[r] + j below split[r], else lo[r] + j) then slots
+    extra[extra_start[r] : extra_start[r + 1]]; logits are computed for the rows listed in `wanted`."""
 
     tokens: torch.Tensor
     positions: torch.Tensor
     slots: torch.Tensor
     lo: torch.Tensor
     prefix: torch.Tensor
+    split: torch.Tensor
+    shared: torch.Tensor
     extra_start: torch.Tensor
     extra: torch.Tensor
     wanted: torch.Tensor
@@ -74,7 +76,7 @@ class Rows:
             starts.append(part.extra_start[1:] + at)
             at += int(part.extra_start[-1])
         return Rows(*(torch.cat([getattr(p, name) for p in parts]) for name in
-                      ("tokens", "positions", "slots", "lo", "prefix")),
+                      ("tokens", "positions", "slots", "lo", "prefix", "split", "shared")),
                     torch.cat(starts), torch.cat([p.extra for p in parts]),
                     torch.cat([p.wanted + off for p, off in zip(parts, offsets)]))
 
@@ -178,7 +180,8 @@ class Decoder:
             raise SpecdecError(f"a forward past the native runtime's {self.capacity} cache slots (NativeLM grows "
                                "the cache first)")
         logits = torch.empty(rows.wanted.numel(), self.head_width)
-        visible = _Visible(_ptr(rows.lo), _ptr(rows.prefix), _ptr(rows.extra_start), _ptr(rows.extra))
+        visible = _Visible(_ptr(rows.lo), _ptr(rows.prefix), _ptr(rows.extra_start), _ptr(rows.extra),
+                           _ptr(rows.split), _ptr(rows.shared))
         self._lib.sd_decoder_forward(self._model_ref, _ptr(embedded), rows.tokens.numel(), _ptr(rows.positions),
                                      _ptr(rows.slots), visible, _ptr(rows.wanted), rows.wanted.numel(), _ptr(logits))
         return logits if self.head_rows == self.head_width else logits[:, : self.head_rows]

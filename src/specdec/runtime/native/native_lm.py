@@ -12,15 +12,18 @@ import torch
 from ...errors import SpecdecError
 from ..rows import PREFILL_CHUNK, shared_prefix, tree_layout
 from .decoder import Decoder, Rows
-from .prefix_cache import Entry, PrefixCache
+from .cache_entry import Entry, position_slots
+from .prefix_cache import PrefixCache
 from .slot_pool import SlotPool
 
 _LONG = torch.long
 
 
 class NativeLM:
-    """A model on the native decoder together with its cache (a prefix of the sequence in
-    slots 0 .. length-1; a tree forward appends its nodes in slots, keep_positions compacts)."""
+    """A model on the native decoder together with its cache: positions 0 .. length-1 of the
+    sequence, those below `split` read in place in a prefix cache entry's run (shared with other
+    lanes), the others in a run of its own; a tree forward appends its nodes in slots,
+    keep_positions compacts."""
 
     device = torch.device("cpu")
     dtype = torch.float32  # of activations, logits and K/V (the weights are Q4/Q8)
@@ -41,7 +44,9 @@ class NativeLM:
         self.max_positions = max_positions  # the cache grows up to it (None: without a bound)
         self.layers = decoder.weights.config.layers
         self._slots = decoder.capacity if slots is None else slots
-        self._base, self._size = 0, 0  # the run of slots held (none yet)
+        self._base, self._size = 0, 0  # the own run of slots held (none yet): position split at slot base
+        self._shared: Entry | None = None  # the entry whose run holds positions below split
+        self._split = 0
         self._held = torch.zeros(0, dtype=_LONG)  # token ids behind the slots
         self._length = 0
         self.calls = 0
@@ -53,9 +58,11 @@ class NativeLM:
         return NativeLM(self.decoder, self.eos_token_ids, self.max_positions, self.pool, slots, self.prefixes)
 
     def release(self) -> None:
-        """Give the sequence's slots back to the pool (a later forward claims new ones)."""
+        """Give the sequence's slots back to the pool (a later forward claims new ones) and stop
+        reading its shared prefix."""
         self.pool.release(self)
         self._size = self._length = 0
+        self._unshare()
 
     @property
     def length(self) -> int:
@@ -67,38 +74,74 @@ class NativeLM:
         return self._held[: self._length]
 
     @property
-    def run_base(self) -> int:
-        """The pool slot of position 0."""
-        return self._base
+    def shared(self) -> tuple[Entry | None, int]:
+        """The entry whose run holds this lane's first positions in place, and how many (None, 0: none)."""
+        return self._shared, self._split
+
+    def slots(self, lo: int, hi: int) -> torch.Tensor:
+        """The pool slots of positions [lo, hi)."""
+        return position_slots(self._shared.base if self._shared else 0, self._split, self._base, lo, hi)
 
     def hand_over(self) -> Entry:
-        """The run of slots and what it holds, handed to a prefix cache's entry (the lane then
-        holds nothing; a later forward claims new slots)."""
-        entry = Entry(self._base, self._size, self._held, self._length)
+        """The own run of slots and what the lane holds, handed to a prefix cache's entry, which
+        reads the shared prefix in its place (the lane then holds nothing; a later forward
+        claims new slots)."""
+        if not self._size:
+            raise ValueError("a lane that holds no run of its own has nothing to hand over (release it)")
+        entry = Entry(self._base, self._size, self._held, self._length, self._shared, self._split)
         self.pool.hand_over(self, entry)
-        self._size = self._length = 0
+        self._size = self._length = self._split = 0
+        self._shared = None
         self._held = torch.zeros(0, dtype=_LONG)
         return entry
 
     def adopt(self, entry: Entry, length: int) -> None:
-        """Take over `entry`'s run (this lane holding nothing), keeping its first `length` positions."""
+        """Take over `entry`'s own run and what it reads in place (this lane holding nothing),
+        keeping its first `length` positions (more than the entry reads in place)."""
         self.pool.hand_over(entry, self)
         self._base, self._size, self._held, self._length = entry.base, entry.size, entry.held, length
+        self._shared, self._split = entry.parent, entry.split
 
-    def copy_from(self, base: int, tokens: torch.Tensor) -> None:
-        """Hold `tokens` (this lane holding nothing) by copying the keys and values of pool
-        slots base.. (where another run holds them at positions 0..) into a run of its own."""
-        n = tokens.numel()
-        self._room(n)
-        self.decoder.move(torch.arange(base, base + n, dtype=_LONG), torch.arange(self._base, self._base + n))
-        self._held[:n] = tokens
-        self._length = n
+    def share(self, entry: Entry, length: int) -> None:
+        """Hold the first `length` positions of the single-run `entry` by reading them in place
+        (this lane holding nothing; the caller counts it among the entry's readers)."""
+        self._shared, self._split, self._length = entry, length, length
+        with torch.inference_mode(False):  # updated in place in and out of inference mode
+            self._held = entry.held[:length].clone()
+
+    def freeze(self, length: int) -> Entry:
+        """Make the first `length` positions (this lane reading none in place) an entry read by
+        this lane in place: their slots stay where they are, the own run starts after them."""
+        if self._shared is not None or not 0 < length <= min(self._length, self._size):
+            raise ValueError(f"cannot freeze {length} positions of a lane holding {self._length} "
+                             f"(reading {self._split} in place)")
+        with torch.inference_mode(False):  # an entry made inside a draft's proposal lives on outside it
+            entry = Entry(self._base, length, self._held[:length].clone(), length, readers=1)
+        self.pool.split(self, length, entry)
+        self._shared, self._split = entry, length
+        self._base, self._size = self._base + length, self._size - length
+        return entry
+
+    def copy_from(self, slots: torch.Tensor, tokens: torch.Tensor) -> None:
+        """Append `tokens` by copying the keys and values of pool `slots` (where another sequence
+        holds them at the same positions) into this lane's own run."""
+        start, n = self._length, tokens.numel()
+        self._room(start + n)
+        self.decoder.move(slots, self.slots(start, start + n))
+        self._held[start : start + n] = tokens
+        self._length = start + n
+
+    def _unshare(self) -> None:
+        """Stop reading the shared prefix (from here the lane's positions lie in its own run)."""
+        if self._shared is not None:
+            self.prefixes.unread(self._shared)
+        self._shared, self._split = None, 0
 
     def layer_lengths(self) -> list[int]:
         return [self._length] * self.layers  # one length for all layers, by construction
 
     def reset(self) -> None:
-        self._length = 0
+        self.trim(0)
         self.calls = 0
         self.nonfinite_at = torch.full((), -1, dtype=_LONG)
 
@@ -113,6 +156,10 @@ class NativeLM:
         if not 0 <= length <= self._length:
             raise ValueError(f"cannot trim a cache of {self._length} positions to {length}")
         self._length = length
+        if length < self._split:  # the own run now starts at `length`: positions past it are free
+            self._split = length
+            if not length:
+                self._unshare()
 
     def keep_prefix_of(self, tokens: torch.Tensor) -> None:
         self.trim(shared_prefix(self._held[: self._length], tokens))
@@ -163,13 +210,13 @@ class NativeLM:
         depth, sees = tree_layout(parents.tolist())
         tokens = tokens.to(_LONG).contiguous()
         self._room(start + tokens.numel())
-        n = len(depth)
-        extra = self._base + start + sees.nonzero()[:, 1]  # row-major: each row's visible nodes, ascending
+        n, lo = len(depth), self._origin()
+        extra = lo + start + sees.nonzero()[:, 1]  # row-major: each row's visible nodes, ascending
         extra_start = torch.zeros(n + 1, dtype=_LONG)
         extra_start[1:] = sees.sum(1).cumsum(0)
-        rows = Rows(tokens, start + torch.tensor(depth, dtype=_LONG), self._base + torch.arange(start, start + n),
-                    torch.full((n,), self._base, dtype=_LONG), torch.full((n,), start, dtype=_LONG), extra_start,
-                    extra.contiguous(), torch.arange(n))
+        rows = Rows(tokens, start + torch.tensor(depth, dtype=_LONG), lo + torch.arange(start, start + n),
+                    torch.full((n,), lo, dtype=_LONG), torch.full((n,), start, dtype=_LONG), *self._reads(n),
+                    extra_start, extra.contiguous(), torch.arange(n))
         return self._appended(rows, self.decoder.forward(rows))
 
     def weight_bytes(self) -> int:
@@ -181,23 +228,33 @@ class NativeLM:
         return self.decoder.kv_bytes(positions)
 
     def _room(self, end: int) -> None:
-        """Cache slots up to position `end`: the run doubles (within max_positions) when it runs out."""
-        if end <= self._size:
+        """Cache slots up to position `end`: the own run doubles (within max_positions) when it runs out."""
+        split = self._split
+        if end <= split + self._size:
             return
         if self.max_positions is not None and end > self.max_positions:
             raise SpecdecError(f"the sequence would reach {end} positions, past the model's {self.max_positions}")
         grown = self._size or self._slots
-        while grown < end:
+        while grown < end - split:
             grown *= 2
-        grown = grown if self.max_positions is None else min(grown, self.max_positions)
+        grown = grown if self.max_positions is None else min(grown, self.max_positions - split)
         if self._size:
-            self._base = self.pool.resize(self, grown, keep=self._length)
+            self._base = self.pool.resize(self, grown, keep=self._length - split)
         else:
             self._base = self.pool.claim(self, grown)
         with torch.inference_mode(False):  # updated in place in and out of inference mode
-            held = torch.zeros(grown, dtype=_LONG)
+            held = torch.zeros(split + grown, dtype=_LONG)
             held[: self._length] = self._held[: self._length]
         self._held, self._size = held, grown
+
+    def _origin(self) -> int:
+        """The slot position 0 would have in the own run (position j >= split lies at origin + j)."""
+        return self._base - self._split
+
+    def _reads(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rows.split and Rows.shared for `n` rows of this lane."""
+        shared = self._shared.base if self._shared is not None else 0
+        return torch.full((n,), self._split, dtype=_LONG), torch.full((n,), shared, dtype=_LONG)
 
     def _chain(self, tokens: torch.Tensor, last_only: bool) -> Rows:
         """The rows that append `tokens` (room made first): row i at the next position, seeing
@@ -205,9 +262,9 @@ class NativeLM:
         tokens = tokens.to(_LONG).contiguous()
         n, start = tokens.numel(), self._length
         positions = torch.arange(start, start + n, dtype=_LONG)
-        none = torch.zeros(n + 1, dtype=_LONG)
-        return Rows(tokens, positions, self._base + positions, torch.full((n,), self._base, dtype=_LONG),
-                    positions + 1, none, none[:0], torch.arange(n - 1 if last_only else 0, n))
+        none, lo = torch.zeros(n + 1, dtype=_LONG), self._origin()
+        return Rows(tokens, positions, lo + positions, torch.full((n,), lo, dtype=_LONG), positions + 1,
+                    *self._reads(n), none, none[:0], torch.arange(n - 1 if last_only else 0, n))
 
     def _appended(self, rows: Rows, logits: torch.Tensor) -> torch.Tensor:
         """Record the rows just forwarded (their tokens behind their slots) and check the logits."""
@@ -228,11 +285,11 @@ class NativeLM:
     def keep_positions(self, start: int, offsets: list[int]) -> None:
         """Keep positions [0, start), then slots start + offsets[j] moved to start + j."""
         span = self._length - start
-        if list(offsets) != sorted(set(offsets)) or any(not 0 <= o < span for o in offsets):
-            raise ValueError(f"offsets {offsets} must increase and lie in [0, {span})")
+        if list(offsets) != sorted(set(offsets)) or any(not 0 <= o < span for o in offsets) or start < self._split:
+            raise ValueError(f"offsets {offsets} must increase and lie in [0, {span}), past the shared prefix")
         source = start + torch.tensor(offsets, dtype=_LONG)
         target = start + torch.arange(len(offsets), dtype=_LONG)
-        self.decoder.move(self._base + source, self._base + target)
+        self.decoder.move(self._origin() + source, self._origin() + target)
         self._held[target] = self._held[source]
         self._length = start + len(offsets)
 

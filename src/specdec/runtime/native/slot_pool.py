@@ -62,6 +62,19 @@ class SlotPool:
             raise ValueError("the heir already holds a run: release it first")
         self._runs[id(heir)] = self._runs.pop(id(owner))
 
+    def split(self, owner: object, keep: int, heir: object) -> None:
+        """The first `keep` slots of `owner`'s run become `heir`'s, where they lie; `owner` keeps
+        the rest (none: it holds no run)."""
+        if id(heir) in self._runs:
+            raise ValueError("the heir already holds a run: release it first")
+        base, size = self._runs.pop(id(owner))
+        if not 0 < keep <= size:
+            self._runs[id(owner)] = (base, size)
+            raise ValueError(f"cannot split {keep} slots off a run of {size}")
+        self._runs[id(heir)] = (base, keep)
+        if keep < size:
+            self._runs[id(owner)] = (base + keep, size - keep)
+
     def release(self, owner: object) -> None:
         if self._runs.pop(id(owner), None) is not None:
             self._shrink()
