@@ -33,7 +33,7 @@ from serve_native import start_native, stop, target_alone
 from test_tools import QWEN, WEATHER
 
 from specdec.constrain import json_schema
-from specdec.serve.tool_calls import HERMES, parse_reply
+from specdec.serve.tool_calls import HERMES, LLAMA3, parse_reply
 from specdec.serve.tool_grammar import tool_grammar
 from specdec.serve.tools import ToolUse, read_tools
 
@@ -203,6 +203,35 @@ def test_tools_with_a_response_format_reply_with_calls_or_the_answer(served, alo
         jsonschema.validate(json.loads(content), ANSWER)
     else:
         assert len(calls) == 1 and content is None, got  # bare: the tag is biased away, so no call has it
+
+
+@pytest.mark.parametrize("form", [HERMES, LLAMA3], ids=["hermes", "llama3"])
+def test_the_grammar_of_calls_or_the_answer(alone, form):
+    """What the grammar of tools with a response format takes whole, in each call format: the
+    answer, a bare call (spaced as templates write calls), tagged calls (HERMES; parallel only
+    where allowed); not free text, an unknown function, arguments or an answer off their schemas."""
+    import llguidance
+
+    from specdec.constrain.vocab import vocab_of
+
+    lm, tokenizer = alone
+    added = tokenizer.get_added_vocab()
+    vocab = vocab_of(tokenizer, lm.vocab_size, lm.eos_token_ids)
+    key = form.arguments_key
+    call = '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>'
+    forecast = f'{{"name": "get_forecast", "{key}": {{"city": "Oslo", "days": 2}}}}'
+    texts = {'{"sky": "snow", "degrees": -3}': True, forecast: True, call: form is HERMES,
+             f"{call}\n{call}": form is HERMES, "It is snowing.": False, forecast.replace("Oslo", "Rome"): False,
+             forecast.replace("get_forecast", "get_news"): False, '{"sky": "rain", "degrees": 3}': False}
+    for parallel in (True, False):
+        tags = (added["<tool_call>"], added["</tool_call>"]) if form is HERMES else (None, None)
+        use = ToolUse(read_tools({"tools": [FORECAST, CLOCK], "parallel_tool_calls": parallel}), form, *tags)
+        grammar = tool_grammar(use, json_schema(ANSWER))
+        for text, ok in texts.items():
+            matcher = llguidance.LLMatcher(vocab, grammar.text)
+            ids = tokenizer.encode(text, add_special_tokens=False)
+            whole = matcher.try_consume_tokens(ids) == len(ids) and matcher.is_accepting()
+            assert whole == (ok and (parallel or text.count("<tool_call>") < 2)), (text, parallel)
 
 
 def test_the_clients_parse_with_tools_and_an_output_model(served, alone):
