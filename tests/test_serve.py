@@ -362,7 +362,8 @@ def test_malformed_requests(served):
 FIELDS = ["model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k",
           "min_p", "seed", "stop", "stream", "stream_options", "logprobs", "top_logprobs", "n", "presence_penalty",
           "frequency_penalty", "repetition_penalty", "repeat_penalty", "repeat_last_n", "echo", "logit_bias",
-          "response_format", "grammar", "json_schema", "return_tokens_as_token_ids", "ignore_eos", "user"]
+          "response_format", "grammar", "json_schema", "return_tokens_as_token_ids", "ignore_eos", "user",
+          "guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs"]
 ODD_VALUES = [None, "x", -1, 1.5, 10**12, 10**400, -(10**30), 1e300, [1, "a"], {"a": 1}, True]
 CHAT_FIELDS = ["messages", "max_completion_tokens", "logprobs", "top_logprobs", "response_format"]
 
