@@ -253,6 +253,8 @@ def test_the_cache_grows_keeping_every_bit_and_stops_at_the_models_positions(pai
     assert torch.equal(lm.forward(tokens[18:31]), single[18:31]) and lm.decoder.capacity == 32
     parents = torch.tensor([-1, 0, 1, -1])  # the true path 32, 33, 34 under the root 31, and a branch
     nodes = torch.stack([tokens[32], tokens[33], tokens[34], (tokens[32] + 1) % VOCAB])
+    with pytest.raises(SpecdecError, match="scores 5 tokens"):  # the root left out: not rows read past the end
+        lm.forward_tree(nodes, parents)
     rows = lm.forward_tree(torch.cat([tokens[31:32], nodes]), parents)
     assert lm.decoder.capacity == 64 and torch.equal(rows[:4], single[31:35])
     lm.keep_positions(31, [0, 1, 2, 3])

@@ -206,6 +206,9 @@ class NativeLM:
         """Score [root, nodes...] in one forward (see CausalLM.forward_tree): row i at position
         length + depth(i), seeing the cache and the slots of its ancestors and itself, in that
         order, which are the keys and order of the chain row at that position."""
+        if tokens.numel() != parents.numel() + 1:  # the kernel would read rows past the tokens given
+            raise SpecdecError(f"a tree of {parents.numel()} nodes scores {parents.numel() + 1} tokens "
+                               f"(the root and the nodes), not {tokens.numel()}")
         start = self._length
         depth, sees = tree_layout(parents.tolist())
         tokens = tokens.to(_LONG).contiguous()
