@@ -192,6 +192,16 @@ def test_bad_n_is_a_400_naming_the_field(served, body, param, message):
     assert message in error["message"] and error["param"] == param
 
 
+def test_the_prompt_counts_once_against_the_kv_budget(served):
+    """Three choices of a 1,300-token prompt: each holding a prompt of its own (3 x 1,408
+    positions) would pass --kv-tokens 4096; read in place by the later choices, the prompt counts
+    once (1,408 + 2 x 128)."""
+    prompt = [5 + i % 40 for i in range(1300)]
+    reply = _complete(served, prompt=prompt, n=3, max_tokens=80)
+    assert [c.finish_reason for c in reply.choices] == ["length"] * 3
+    assert reply.usage.prompt_tokens == 1300 and reply.usage.completion_tokens == 240
+
+
 def test_best_of_equal_to_n_and_one_choice_of_a_long_answer_are_taken(served):
     assert len(_complete(served, n=2, extra_body={"best_of": 2}, max_tokens=2).choices) == 2
     assert _complete(served, max_tokens=1500).usage.completion_tokens == 1500  # alone it fits the budget

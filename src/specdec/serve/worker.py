@@ -95,13 +95,15 @@ class DecodeWorker:
 
     def check_fits(self, generation: Generation) -> None:
         """A 400 for a request that could never run, its prompt and max_tokens past the whole
-        K/V budget (before it queues), or whose n choices could not all be held at once (each
-        counted with the prompt and its answer, as a lane that copies the prompt holds them)."""
+        K/V budget (before it queues), or whose n choices could not all be held at once: with the
+        prefix cache the prompt once and each answer (the later choices read choice 0's prompt in
+        place and forward its last token), else each choice with a prompt of its own."""
         s, g = self.scheduler, generation
         if s is None:
             return
         error, param = s.room_error(len(g.prompt_ids), g.max_tokens), "max_tokens"
-        need = g.n * s.budget.rounded(len(g.prompt_ids) + g.max_tokens)
+        whole = s.budget.rounded(len(g.prompt_ids) + g.max_tokens)
+        need = whole + (g.n - 1) * (s.budget.rounded(1 + g.max_tokens) if s.prefix_cache else whole)
         if error is None and g.n > 1 and s.kv_tokens is not None and need > s.kv_tokens:
             error, param = (f"n={g.n} choices of the prompt ({len(g.prompt_ids)} tokens) and max_tokens "
                             f"({g.max_tokens}) need {need} K/V positions together, more than the server's whole "
