@@ -8,15 +8,14 @@ import pytest
 
 from specdec.cli import build_parser
 from specdec.cli.args import method_of
-from specdec.cli.serve import served_method
-from specdec.methods.spec import parse, remembering, resolve_auto
+from specdec.methods.spec import in_conversation, parse, remembering, resolve_auto
 from specdec.tune.saved import DEFAULT_CHOICE
 
 ZEN5 = DEFAULT_CHOICE["cpu-bf16"]  # draft:k=4:quant=int3:vocab=32768:conf=0.6
 
 
-def served(*flags: str):
-    return served_method(method_of(build_parser().parse_args(["serve", *flags])))
+def served(*flags: str, command: str = "serve"):
+    return in_conversation(method_of(build_parser().parse_args([command, *flags])))
 
 
 def test_serve_runs_autos_draft_with_the_memory():
@@ -31,6 +30,7 @@ def test_serve_runs_autos_draft_with_the_memory():
         "suffix+draft:k=6:quant=int3:vocab=32768:conf=0.6"
     assert resolve_auto(served("--proposer", "auto:memory=0"), parse(ZEN5))[0] == parse(ZEN5)
     assert served("--proposer", "draft:k=3").label == "draft:k=3"  # a named method runs as named
+    assert served(command="chat").label == "auto:memory=1"  # a terminal conversation remembers its turns too
 
 
 def test_generate_runs_autos_pick_without_the_memory():

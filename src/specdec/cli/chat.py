@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import SpecdecError
 from ..load.loaded import load
+from ..methods.spec import in_conversation
 from .args import method_of, spec_of
 from .flags import add_method_args, add_model_args, add_sampling_args
 from .options import at_least_one, check_sampling
@@ -48,7 +49,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
     check_sampling(args)  # every option before a model loads: a bad value is the only line printed
     if args.system is not None and not args.system.strip():
         raise SpecdecError("--system is empty: give the system message's text, or leave the flag out")
-    loaded = load(spec_of(args, method_of(args), args.pay_rule))
+    loaded = load(spec_of(args, in_conversation(method_of(args)), args.pay_rule))
     if not has_chat_template(loaded.tokenizer):
         raise SpecdecError(f"{args.target} has no chat template, which a conversation needs: use an instruct "
                            "model, or `specdec generate --raw` to complete text")

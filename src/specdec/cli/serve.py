@@ -6,10 +6,9 @@ import argparse
 import os
 import signal
 import sys
-from dataclasses import replace
 
 from ..errors import SpecdecError
-from ..methods.spec import Method
+from ..methods.spec import in_conversation
 from .flags import add_method_args, add_model_args, add_sampling_args
 from .options import at_least_one
 
@@ -126,13 +125,6 @@ def server_key(args: argparse.Namespace) -> str | None:
     return args.api_key or os.environ.get(API_KEY_ENV) or None
 
 
-def served_method(method: Method) -> Method:
-    """--proposer's method; `auto` remembers the server's earlier requests unless auto:memory=0
-    says not: the draft chain it picks runs as suffix+draft (methods.spec.remembering), so a
-    conversation's turns are guessed from what the server already saw (docs/conversations.md)."""
-    return replace(method, memory=True) if method.kind == "auto" and method.memory is None else method
-
-
 def build_server(args: argparse.Namespace):
     """The uvicorn server and the decode worker (not started) for these arguments. The models load
     in the worker through specdec.load, as `specdec generate` loads them."""
@@ -156,7 +148,7 @@ def build_server(args: argparse.Namespace):
     if not 0 <= args.port <= 65535:
         raise SpecdecError(f"--port must be in 0..65535, got {args.port}")
     SamplingConfig(args.temperature, args.top_k, args.top_p)  # the defaults' one-line errors, before loading
-    spec = spec_of(args, served_method(method_of(args)), args.pay_rule)
+    spec = spec_of(args, in_conversation(method_of(args)), args.pay_rule)
     defaults = Defaults(max_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                         top_p=args.top_p, min_p=getattr(args, "min_p", None) or None, seed=args.seed)
     name = args.served_model_name or args.target

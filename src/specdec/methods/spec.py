@@ -171,6 +171,14 @@ def remembering(method: Method) -> Method:
                   pay=method.pay, dyn=method.dyn, cat=method.cat)
 
 
+def in_conversation(method: Method) -> Method:
+    """The method a conversation runs (`specdec serve`, `specdec chat`): `auto` remembers the
+    earlier requests and turns unless auto:memory=0 says not, so the draft chain it picks runs as
+    suffix+draft (remembering) and a turn that repeats what was seen is guessed from it
+    (docs/conversations.md); any other method as named."""
+    return replace(method, memory=True) if method.kind == "auto" and method.memory is None else method
+
+
 def legacy(entry: Mapping[str, Any]) -> Method:
     """A method as configs before the one grammar wrote it ({"label", "kind", "k", ...}, the
     int8 draft as kind draft-int8, conf in percent): committed runs stay readable."""
