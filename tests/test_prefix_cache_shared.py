@@ -9,26 +9,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_prefix_cache import _finish, _sampling
-from test_runtime import native_pair, sequence
+from test_prefix_cache import _finish, _sampling, empty_caches, models  # noqa: F401  (fixtures: the tiny pair, caches emptied)
+from test_runtime import sequence
 
 from specdec import DraftModel
 from specdec.decode.scheduler import Scheduler
 from specdec.decode.sequence import Options
-
-
-@pytest.fixture(scope="module")
-def models():
-    return native_pair()
-
-
-@pytest.fixture(autouse=True)
-def empty_caches(models):
-    for lm in models:
-        lm.prefixes.clear()
-    yield
-    for lm in models:
-        lm.prefixes.clear()
 
 
 @pytest.mark.parametrize("cut", [1, 37, 128, 255, 256])
@@ -55,7 +41,7 @@ def test_rows_over_a_shared_prefix_equal_a_full_forward(models, cut):
     target.prefixes.park(source)
     (entry,) = target.prefixes.entries
     reader = target.lane(16)
-    assert target.prefixes.start(reader, torch.cat([first[:1], sequence(5, seed=94)])) == 1  # pins the entry
+    assert target.prefixes.start(reader, torch.cat([first[:100], sequence(5, seed=94)])) == 100  # pins the entry
     warm = target.lane(16)
     assert target.prefixes.start(warm, prompt) == cut and warm.shared == (entry, cut) and entry.readers == 2
     got = rows(warm)
@@ -149,3 +135,26 @@ def test_an_entry_a_live_lane_reads_is_never_evicted_and_its_last_reader_frees_i
     assert cache.entries == [entry] and entry.doomed and cache.match(prompt).source is reader
     reader.release()
     assert not cache.entries
+
+
+def test_a_small_share_of_an_unread_entry_is_copied_leaving_it_evictable(models):
+    """A lane reusing 9 of an unread entry's 40 positions (under a quarter) copies them instead of
+    pinning all 40 for 9; its rows still equal a cold start's, and the entry can be evicted."""
+    target, _ = models
+    cache = target.prefixes
+    prompt = sequence(40, seed=75)
+    source = target.lane(16)
+    cache.start(source, prompt)
+    source.prefill(prompt)
+    cache.park(source)
+    (entry,) = cache.entries
+    other = torch.cat([prompt[:9], sequence(7, seed=76)])
+    cold = target.lane(16)
+    want = cold.prefill(other)
+    cold.release()
+    lane = target.lane(16)
+    assert cache.start(lane, other) == 9 and lane.shared[0] is None and entry.readers == 0
+    assert torch.equal(lane.prefill(other, reuse=True), want)
+    assert cache.evict(10**6) == 40 and not cache.entries
+    lane.release()
+

@@ -34,18 +34,18 @@ class KVBudget:
     def rounded(self, positions: int) -> int:
         return math.ceil(positions / self.chunk) * self.chunk
 
-    def claim(self, request: Request) -> int:
+    def claim(self, request: Request, cold: bool = False) -> int:
         """The positions the target's cache may hold for `request` at the end of this round,
         rounded up to whole chunks: its committed tokens but the pending one, then a round's
         block (the pending token and the guesses); one without its first token yet holds its
-        prompt first. Never more than it asked for, nor the positions it reads in place from a
-        cached entry (those count as the entry's)."""
+        prompt first. Never more than it asked for, nor (unless `cold`: started without the
+        cache) the positions it reads in place from a cached entry (those count as the entry's)."""
         d = request.decoding
         if d is None or not d.new:
             positions = len(request.prompt) + 1 + self.guesses
         else:
             positions = d.length + d.guesses()
-        return self.rounded(min(positions, request.asked) - self.shared(request))
+        return self.rounded(min(positions, request.asked) - (0 if cold else self.shared(request)))
 
     def shared(self, request: Request) -> int:
         """Positions of `request`'s target lane read in place from a cached entry: once started,
@@ -56,10 +56,12 @@ class KVBudget:
             return self.caches[0].shared(request.decoding.lm)
         return self.caches[0].match(torch.as_tensor(request.prompt, dtype=torch.long).flatten()).shared
 
-    def pinned(self, request: Request) -> int:
+    def pinned(self, request: Request | None = None) -> int:
         """Positions of the target's entries no eviction frees for `request`: those live lanes
-        read in place and the one it would read."""
-        return self.caches[0].pinned(_rows(request)) if self.caches else 0
+        read in place and the one it would read (None: those live lanes read)."""
+        if not self.caches:
+            return 0
+        return self.caches[0].pinned(None if request is None else _rows(request))
 
     def room_error(self, prompt_tokens: int, max_new_tokens: int) -> str | None:
         """Why a request of this size can never run here (None: it can, alone at least)."""

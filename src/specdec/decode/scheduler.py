@@ -211,11 +211,18 @@ class Scheduler:
         """Whether `request` fits, cached entries evicted for it where that suffices."""
         if self.kv_tokens is None or self.held() + self.budget.claim(request) <= self.kv_tokens:
             return True
-        if not self.prefix_cache or (self._running() + self.budget.claim(request)
-                                     + self.budget.pinned(request) > self.kv_tokens):
+        if not self.prefix_cache:
             return False
-        self.budget.evict_for(request, self._running())
-        return True
+        if self._running() + self.budget.claim(request) + self.budget.pinned(request) <= self.kv_tokens:
+            self.budget.evict_for(request, self._running())
+            return True
+        # Reading a prefix in place pins its whole entry, which may leave no room beside it (with
+        # nothing running, the request then waited forever): started cold where that fits, the
+        # entries no live lane reads evicted.
+        if self._running() + self.budget.claim(request, cold=True) + self.budget.pinned() <= self.kv_tokens:
+            self.budget.evict(self.budget.cached())
+            return True
+        return False
 
     def _preempt_for(self, request: Request) -> bool:
         """Preempt active requests that asked for more than `request`, the most first, if that

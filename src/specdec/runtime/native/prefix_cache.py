@@ -247,12 +247,17 @@ def _read_by(found: Match) -> Entry:
 def _start_from(source: Entry | Lane, n: int) -> Match:
     """How a lane reuses `n` positions of `source`: an entry nothing reads, of which it reuses half
     or more and more than its parent's part, is taken over (its own run becomes the lane's, its
-    parent read as before); else the lane reads in place what lies in a single-run entry (the
-    source itself, what it reads, or a live lane's first n positions made one) and copies the rest."""
+    parent read as before); one nothing reads, of which it reuses less than a quarter, is copied
+    from (read in place, all of it would stay pinned for a few positions: a request preempted
+    with 205 positions kept three 8-token requests over its prompt from running together in 256);
+    else the lane reads in place what lies in a single-run entry (the source itself, what it
+    reads, or a live lane's first n positions made one) and copies the rest."""
     if isinstance(source, Entry):
         whole = not source.readers and 2 * n >= source.length
         if source.parent is None:
-            return Match(n, source, True, 0) if whole else Match(n, source, False, n)
+            if whole:
+                return Match(n, source, True, 0)
+            return Match(n, source, False, n if source.readers or 4 * n >= source.length else 0)
         if whole and n > source.split:
             return Match(n, source, True, source.split)
         return Match(n, source, False, min(n, source.split))
