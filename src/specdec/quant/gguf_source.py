@@ -19,7 +19,7 @@ import torch
 from gguf import GGMLQuantizationType, GGUFReader, quants
 
 from ..errors import SpecdecError
-from ..heap import return_freed_memory
+from .heap import return_freed_memory
 from .gguf_blocks import q4k_split, q5k_split, q6k_split, q40_split, q41_split, q50_split, q51_split, q80_split
 from .weights import Q4Weight, Q8Weight, tensor_fields
 

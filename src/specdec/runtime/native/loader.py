@@ -15,7 +15,7 @@ import torch
 
 from ...decoder_config import DecoderConfig, decoder_config
 from ...errors import SpecdecError
-from ...heap import return_freed_memory
+from ...quant.heap import return_freed_memory
 from . import NATIVE_MODES
 from .decoder import Decoder
 from .decoder_weights import DecoderWeights, LayerWeights, assemble, build, layer_weights

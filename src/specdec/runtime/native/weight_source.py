@@ -28,8 +28,8 @@ from gguf import GGUFReader, quants
 
 from ...decoder_config import DecoderConfig
 from ...errors import SpecdecError
-from ...heap import return_freed_memory
 from ...quant.gguf_source import EXACT, decode_exact, linear_weights, rows_unpermuted
+from ...quant.heap import return_freed_memory
 from ...quant.model_weights import Quantized, quantize_weights
 from ...quant.weights import Q4Weight, Q8Weight, q3_rtn, q4_rtn, q8_rtn, stacked, tensor_fields
 

@@ -1,4 +1,4 @@
-"""Handing memory the process freed back to the system."""
+"""Handing memory that converting weights freed back to the system."""
 
 from __future__ import annotations
 
