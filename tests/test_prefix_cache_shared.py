@@ -17,6 +17,15 @@ from specdec.decode.scheduler import Scheduler
 from specdec.decode.sequence import Options
 
 
+def _parked(target, lane, tokens: torch.Tensor):
+    """`tokens` forwarded on `lane` from the prefix cache, then parked: the one entry the cache holds."""
+    target.prefixes.start(lane, tokens)
+    lane.prefill(tokens)
+    target.prefixes.park(lane)
+    (entry,) = target.prefixes.entries
+    return entry
+
+
 @pytest.mark.parametrize("cut", [1, 37, 128, 255, 256])
 def test_rows_over_a_shared_prefix_equal_a_full_forward(models, cut):
     """An entry of 300 positions that another lane reads (so it is not taken over); a lane whose
@@ -36,10 +45,7 @@ def test_rows_over_a_shared_prefix_equal_a_full_forward(models, cut):
     want = rows(cold)
     cold.release()
     source = target.lane(16)
-    target.prefixes.start(source, first)
-    source.prefill(first)
-    target.prefixes.park(source)
-    (entry,) = target.prefixes.entries
+    entry = _parked(target, source, first)
     reader = target.lane(16)
     assert target.prefixes.start(reader, torch.cat([first[:100], sequence(5, seed=94)])) == 100  # pins the entry
     warm = target.lane(16)
@@ -111,10 +117,7 @@ def test_an_entry_a_live_lane_reads_is_never_evicted_and_its_last_reader_frees_i
     cache, pool = target.prefixes, target.pool
     prompt = sequence(40, seed=70)
     source = target.lane(16)
-    cache.start(source, prompt)
-    source.prefill(prompt)
-    cache.park(source)
-    (entry,) = cache.entries
+    entry = _parked(target, source, prompt)
     reader = target.lane(16)
     other = torch.cat([prompt[:10], sequence(6, seed=71)])
     assert cache.start(reader, other) == 10 and entry.readers == 1
@@ -126,10 +129,7 @@ def test_an_entry_a_live_lane_reads_is_never_evicted_and_its_last_reader_frees_i
     held = pool.held()
     assert cache.evict(1) == 6 and cache.entries == [entry] and entry.readers == 0  # the child, least recently used
     assert cache.evict(1) == 40 and not cache.entries and pool.held() == held - child.size - entry.size
-    cache.start(source, prompt)
-    source.prefill(prompt)
-    cache.park(source)
-    (entry,) = cache.entries
+    entry = _parked(target, source, prompt)
     assert cache.start(reader, other) == 10
     cache.clear()
     assert cache.entries == [entry] and entry.doomed and cache.match(prompt).source is reader
@@ -144,10 +144,7 @@ def test_a_small_share_of_an_unread_entry_is_copied_leaving_it_evictable(models)
     cache = target.prefixes
     prompt = sequence(40, seed=75)
     source = target.lane(16)
-    cache.start(source, prompt)
-    source.prefill(prompt)
-    cache.park(source)
-    (entry,) = cache.entries
+    entry = _parked(target, source, prompt)
     other = torch.cat([prompt[:9], sequence(7, seed=76)])
     cold = target.lane(16)
     want = cold.prefill(other)

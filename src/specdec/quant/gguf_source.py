@@ -19,8 +19,8 @@ import torch
 from gguf import GGMLQuantizationType, GGUFReader, quants
 
 from ..errors import SpecdecError
-from .heap import return_freed_memory
 from .gguf_blocks import q4k_split, q5k_split, q6k_split, q40_split, q41_split, q50_split, q51_split, q80_split
+from .heap import return_freed_memory
 from .weights import Q4Weight, Q8Weight, tensor_fields
 
 _LAYER = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
