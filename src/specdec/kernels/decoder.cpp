@@ -123,6 +123,31 @@ inline void halves(Whole v, Part& lo, Part& hi) {
     std::memcpy(&hi, reinterpret_cast<const char*>(&v) + sizeof lo, sizeof hi);
 }
 
+// a * b + c lane by lane, rounded once: one FMA instruction where the CPU has them (the build's
+// -ffp-contract=off keeps a written a * b + c two roundings, and attention's products and sums
+// were two instructions each), std::fma's same bits elsewhere.
+inline Lanes fma(Lanes a, Lanes b, Lanes c) {
+#if defined(__AVX512F__)
+    return Lanes(_mm512_fmadd_ps(__m512(a), __m512(b), __m512(c)));
+#elif defined(__AVX2__) && defined(__FMA__)
+    Half al, ah, bl, bh, cl, ch;
+    halves(a, al, ah), halves(b, bl, bh), halves(c, cl, ch);
+    const Half lo = Half(_mm256_fmadd_ps(__m256(al), __m256(bl), __m256(cl)));
+    const Half hi = Half(_mm256_fmadd_ps(__m256(ah), __m256(bh), __m256(ch)));
+    return __builtin_shufflevector(lo, hi, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+#else
+    Lanes r;
+    for (int i = 0; i < kLanes; ++i) r[i] = std::fma(a[i], b[i], c[i]);
+    return r;
+#endif
+}
+
+// x in every lane (one broadcast; a loop storing lane by lane compiled to 16 masked ones).
+inline Lanes splat(float x) {
+    static_assert(kLanes == 16);
+    return Lanes{x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x};
+}
+
 // The kLanes partial sums added in one fixed order: halves added lane-wise, in registers.
 inline float reduce(Lanes v) {
     Half a, b;
@@ -208,12 +233,12 @@ inline Seen seen(const SdVisible& vis, int64_t r) {
 constexpr int64_t kKeyRun = 16;  // keys whose scores with one query head are computed and reduced together
 constexpr int64_t kKeyBlock = 64;  // keys whose values stay in L1 while a head sums them
 
-// acc[i] = dot()'s kLanes partial sums of q with key k[i], in dot()'s order, for the 16 keys of a run.
+// acc[i] = the kLanes partial sums of q with key k[i] (an FMA a step) for the 16 keys of a run.
 inline void run_dots(const float* q, const float* const* k, int64_t D, Lanes* acc) {
     for (int i = 0; i < kKeyRun; ++i) acc[i] = Lanes{};
     for (int64_t d = 0; d < D; d += kLanes) {
         const Lanes x = load(q + d);
-        for (int i = 0; i < kKeyRun; ++i) acc[i] = acc[i] + x * load(k[i] + d);
+        for (int i = 0; i < kKeyRun; ++i) acc[i] = fma(x, load(k[i] + d), acc[i]);
     }
 }
 
@@ -281,7 +306,7 @@ inline void add_weighted(float* const* o, const float* const* w, const float* va
         const float* v = values + row.slot(j) * D;
         for (int i = 0; i < V; ++i) {
             const Lanes value = load(v + i * kLanes);
-            for (int h = 0; h < H; ++h) acc[h][i] = acc[h][i] + w[h][j] * value;
+            for (int h = 0; h < H; ++h) acc[h][i] = fma(splat(w[h][j]), value, acc[h][i]);
         }
     }
     for (int h = 0; h < H; ++h)
@@ -421,14 +446,14 @@ void attend_tile(const SdModel& m, const SdLayer& L, const float* qkv, int64_t r
         }
 }
 
-constexpr int64_t kTileRows = 16;  // rows sharing each key read; their scores stay in L2 up to ~2K keys
+constexpr int64_t kAttendRows = 16;  // rows sharing each key read; their scores stay in L2 up to ~2K keys
 
 // Tasks of (row tile, K/V head, share of its query heads), as many as the threads where the
 // rows allow: a decode row alone splits its groups' heads; a prefill tiles its rows.
 void attention(const SdModel& m, const SdLayer& L, const float* qkv, int64_t rows, const SdVisible& vis,
                float* out) {
     const int64_t threads = omp_get_max_threads(), group = m.heads / m.kv_heads;
-    const int64_t tile = std::clamp<int64_t>(rows * m.kv_heads / threads, 1, kTileRows);
+    const int64_t tile = std::clamp<int64_t>(rows * m.kv_heads / threads, 1, kAttendRows);
     const int64_t tiles = (rows + tile - 1) / tile;
     const int64_t shares = std::clamp<int64_t>((threads + tiles * m.kv_heads - 1) / (tiles * m.kv_heads), 1, group);
     const int64_t tasks = tiles * m.kv_heads * shares;
