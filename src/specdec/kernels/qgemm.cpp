@@ -63,20 +63,39 @@
 namespace {
 
 constexpr int kBlock = 32;  // activation block (inputs per int8 scale)
-constexpr int kMaxRows = 8;  // rows computed together, sharing each weight load
+constexpr int kMaxRows = 8;  // rows computed together, sharing each weight load (AVX2; AMX's threshold)
 constexpr int kWideRows = 16;  // the same on the AMX path (its A tile's rows)
+// The VNNI path's chunk where no AMX takes the blocks of more than kMaxRows: 16 rows' sums fit
+// its 32 registers beside a group's 8 code vectors (one spill: a super-scale), so a group's
+// unpack and scales serve twice the rows. With the activations in panels (Acts) it measured,
+// 256 rows of the 1.5B target's shapes on Zen 5 against 8 rows a chunk: gate_up 1536 x 17920
+// 11.0 -> 10.0 ms, down 8960 x 1536 5.9 -> 5.5 ms; 12 rows a chunk came between.
+constexpr int kVnniRows = SD_VNNI ? 16 : kMaxRows;
+static_assert(kVnniRows <= kWideRows, "run()'s acc holds kWideRows rows");
 // Groups ahead of the one computed that the VNNI path prefetches: without it a tile's stream
 // of codes is latency-bound (measured on Zen 5, 28 layers of the 1.5B target's shapes: 1 row
 // 20.5 ms without, 19.3 at 12 ahead; 8 rows 55 against 24 ms); 20-48 ahead, into L1 or L2,
 // measure alike.
 constexpr int kAhead = 24;
 
+// Rows per panel of the activations (below): a multiple of every chunk a tile takes (8, 12, 16).
+constexpr int64_t kActPanel = 48;
+static_assert(kActPanel % kMaxRows == 0 && kActPanel % kVnniRows == 0 && kActPanel % kWideRows == 0, "chunks within panels");
+
 // One call's activations: row r's int8 values, a scale per block of 32, and the per-group terms
 // the formats subtract (Q4: -sum(xq) * scale per group of 32; Q8: zero * sum(xq) per 16).
+// Stored by panels of `panel` rows, block by block: a block's rows of a panel lie side by side
+// (q: 32 bytes a row; scale, neg_sum: one value, zero_sum: two). A chunk's rows of a group are
+// then one stream, each row a fixed offset from the first, where rows K bytes apart took a
+// register (or a spill) for each row's address and a stream for each row.
 struct Acts {
     std::vector<int8_t> q;
     std::vector<float> scale, neg_sum;
     std::vector<int32_t> zero_sum;
+    int64_t panel = 1, blocks = 0;
+
+    // Row r's block b: its index in scale and neg_sum (q: 32 bytes from 32 x that, zero_sum: 2 x).
+    int64_t at(int64_t r, int64_t b) const { return (r / panel * blocks + b) * panel + r % panel; }
 };
 
 // One block of 32 inputs of a row: int8 values and their scale (the same IEEE operations in
@@ -152,15 +171,19 @@ inline float quantize_block_avx2(const float* v, int8_t* q, int32_t* sums) {
 
 void quantize_rows(const void* x, int bf16, int64_t rows, int64_t K, int q8_zero, int portable, Acts& a) {
     const int64_t blocks = K / kBlock;
-    a.q.resize((rows + kWideRows - 1) * K);  // room for a full A tile at any block's start
-    a.scale.resize(rows * blocks);
-    a.neg_sum.resize(rows * blocks);
-    a.zero_sum.resize(rows * blocks * 2);
+    a.panel = std::min(rows, kActPanel);  // one row: the rows' own order
+    a.blocks = blocks;
+    const int64_t padded = (rows + a.panel - 1) / a.panel * a.panel * blocks;
+    a.q.resize((padded + kWideRows) * kBlock);  // room for a full A tile at any block's start
+    a.scale.resize(padded);
+    a.neg_sum.resize(padded);
+    a.zero_sum.resize(padded * 2);
 #pragma omp parallel for schedule(static) if (rows > 1)
     for (int64_t r = 0; r < rows; ++r) {
         float v[kBlock];
         for (int64_t b = 0; b < blocks; ++b) {
-            const int64_t at = r * K + b * kBlock;
+            const int64_t at = r * K + b * kBlock, ab = a.at(r, b);
+            int8_t* q = &a.q[ab * kBlock];
             if (bf16) {
                 const uint16_t* h = static_cast<const uint16_t*>(x) + at;
                 for (int i = 0; i < kBlock; ++i) {
@@ -172,16 +195,16 @@ void quantize_rows(const void* x, int bf16, int64_t rows, int64_t K, int q8_zero
             }
             int32_t sums[2];
 #if SD_VNNI
-            const float scale = portable ? quantize_block(v, &a.q[at], sums) : quantize_block_vnni(v, &a.q[at], sums);
+            const float scale = portable ? quantize_block(v, q, sums) : quantize_block_vnni(v, q, sums);
 #elif SD_AVX2
-            const float scale = portable ? quantize_block(v, &a.q[at], sums) : quantize_block_avx2(v, &a.q[at], sums);
+            const float scale = portable ? quantize_block(v, q, sums) : quantize_block_avx2(v, q, sums);
 #else
-            const float scale = quantize_block(v, &a.q[at], sums);
+            const float scale = quantize_block(v, q, sums);
 #endif
-            a.scale[r * blocks + b] = scale;
-            a.neg_sum[r * blocks + b] = -float(sums[0] + sums[1]) * scale;
-            a.zero_sum[(r * blocks + b) * 2] = q8_zero * sums[0];
-            a.zero_sum[(r * blocks + b) * 2 + 1] = q8_zero * sums[1];
+            a.scale[ab] = scale;
+            a.neg_sum[ab] = -float(sums[0] + sums[1]) * scale;
+            a.zero_sum[ab * 2] = q8_zero * sums[0];
+            a.zero_sum[ab * 2 + 1] = q8_zero * sums[1];
         }
     }
 }
@@ -248,10 +271,10 @@ void portable_tile(const QLow<Bits>& w, const Acts& a, int64_t K, int64_t t, int
         for (int l = 0; l < 16; ++l) {
             const float s = float(subs[l]) * sup[l], m = float(subs[16 + l]) * sup[16 + l];
             for (int r = 0; r < rows; ++r) {
-                const int8_t* xq = &a.q[(r0 + r) * K + g * 32];
+                const int64_t blk = a.at(r0 + r, g);
+                const int8_t* xq = &a.q[blk * 32];
                 int32_t isum = 0;
                 for (int i = 0; i < 32; ++i) isum += code_at(w, codes, l, i) * xq[i];
-                const int64_t blk = (r0 + r) * (K / 32) + g;
                 acc[r][l] = std::fma(float(isum), s * a.scale[blk], acc[r][l]);
                 acc[r][l] = std::fma(a.neg_sum[blk], m, acc[r][l]);
             }
@@ -270,10 +293,10 @@ void portable_tile(const Q8& w, const Acts& a, int64_t K, int64_t t, int64_t r0,
         for (int l = 0; l < 16; ++l) {
             const float s = float(subs[l]) * sup[l];
             for (int r = 0; r < rows; ++r) {
-                const int8_t* xq = &a.q[(r0 + r) * K + g * 16];
+                const int64_t half = a.at(r0 + r, g / 2) * 2 + g % 2;
+                const int8_t* xq = &a.q[half * 16];
                 int32_t isum = 0;
                 for (int i = 0; i < 16; ++i) isum += int32_t(codes[(i / 4) * 64 + l * 4 + i % 4]) * xq[i];
-                const int64_t half = ((r0 + r) * (K / 32) + g / 2) * 2 + g % 2;
                 isum -= a.zero_sum[half];
                 acc[r][l] = std::fma(float(isum), s * a.scale[half / 2], acc[r][l]);
             }
@@ -365,8 +388,9 @@ inline __m512 low_step(__m512 acc, __m512i isum, __m512 s, __m512 m, float scale
 
 template <int R, int Bits>
 void vnni_rows(const QLow<Bits>& w, const Acts& a, int64_t K, int64_t t, int64_t r0, float (*out)[16]) {
-    const int64_t G = K / 32, blocks = K / 32;
+    const int64_t G = K / 32, first = a.at(r0, 0);  // row r0 + r of group g: first + g * panel + r
     __m512 acc[R];
+#pragma GCC unroll 16
     for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
     LowScales<Bits> scales(w, t, G);
     for (int64_t g = 0; g < G; ++g) {
@@ -376,24 +400,30 @@ void vnni_rows(const QLow<Bits>& w, const Acts& a, int64_t K, int64_t t, int64_t
         prefetch(codes + kAhead * w.kCodeBytes, w.kCodeBytes, w.subs + (t * G + g + kAhead) * 32);
         __m512i c[8];
         unpack(w, codes, c);
+        // Unrolled, so acc[] stays in registers (GCC keeps a loop over 16 rows rolled, and the
+        // sums then go through memory).
+#pragma GCC unroll 16
         for (int r = 0; r < R; ++r) {
-            const int32_t* xq = reinterpret_cast<const int32_t*>(&a.q[(r0 + r) * K + g * 32]);
+            const int64_t blk = first + g * a.panel + r;
+            const int32_t* xq = reinterpret_cast<const int32_t*>(&a.q[blk * 32]);
+            // Two chains: one a row (8 dpbusd deep) measured 3-6% slower, its latency exposed.
             __m512i i0 = _mm512_setzero_si512(), i1 = _mm512_setzero_si512();
             for (int j = 0; j < 4; ++j) {
                 i0 = _mm512_dpbusd_epi32(i0, c[j], _mm512_set1_epi32(xq[j]));
                 i1 = _mm512_dpbusd_epi32(i1, c[4 + j], _mm512_set1_epi32(xq[4 + j]));
             }
-            const int64_t blk = (r0 + r) * blocks + g;
             acc[r] = low_step(acc[r], _mm512_add_epi32(i0, i1), s, m, a.scale[blk], a.neg_sum[blk]);
         }
     }
+#pragma GCC unroll 16
     for (int r = 0; r < R; ++r) _mm512_storeu_ps(out[r], acc[r]);
 }
 
 template <int R>
 void vnni_rows(const Q8& w, const Acts& a, int64_t K, int64_t t, int64_t r0, float (*out)[16]) {
-    const int64_t G = K / 16, SB = (G + w.gps - 1) / w.gps, blocks = K / 32;
+    const int64_t G = K / 16, SB = (G + w.gps - 1) / w.gps, first = a.at(r0, 0);
     __m512 acc[R];
+#pragma GCC unroll 16
     for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
     __m512 d = _mm512_setzero_ps();
     const float* sup = w.supers + t * SB * 16;
@@ -409,18 +439,20 @@ void vnni_rows(const Q8& w, const Acts& a, int64_t K, int64_t t, int64_t r0, flo
         prefetch(codes + kAhead * 256, 256, subs + kAhead * 16);
         __m512i c[4];
         for (int j = 0; j < 4; ++j) c[j] = _mm512_loadu_si512(codes + j * 64);
+#pragma GCC unroll 16  // as in the Q3/Q4/Q5 rows
         for (int r = 0; r < R; ++r) {
-            const int32_t* xq = reinterpret_cast<const int32_t*>(&a.q[(r0 + r) * K + g * 16]);
+            const int64_t half = (first + g / 2 * a.panel + r) * 2 + g % 2;
+            const int32_t* xq = reinterpret_cast<const int32_t*>(&a.q[half * 16]);
             __m512i i0 = _mm512_setzero_si512(), i1 = _mm512_setzero_si512();
             i0 = _mm512_dpbusd_epi32(i0, c[0], _mm512_set1_epi32(xq[0]));
             i1 = _mm512_dpbusd_epi32(i1, c[1], _mm512_set1_epi32(xq[1]));
             i0 = _mm512_dpbusd_epi32(i0, c[2], _mm512_set1_epi32(xq[2]));
             i1 = _mm512_dpbusd_epi32(i1, c[3], _mm512_set1_epi32(xq[3]));
-            const int64_t half = ((r0 + r) * blocks + g / 2) * 2 + g % 2;
             const __m512i isum = _mm512_sub_epi32(_mm512_add_epi32(i0, i1), _mm512_set1_epi32(a.zero_sum[half]));
             acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(s, _mm512_set1_ps(a.scale[half / 2])), acc[r]);
         }
     }
+#pragma GCC unroll 16
     for (int r = 0; r < R; ++r) _mm512_storeu_ps(out[r], acc[r]);
 }
 
@@ -435,7 +467,15 @@ void vector_tile(const W& w, const Acts& a, int64_t K, int64_t t, int64_t r0, in
         case 5: vnni_rows<5>(w, a, K, t, r0, acc); break;
         case 6: vnni_rows<6>(w, a, K, t, r0, acc); break;
         case 7: vnni_rows<7>(w, a, K, t, r0, acc); break;
-        default: vnni_rows<8>(w, a, K, t, r0, acc); break;
+        case 8: vnni_rows<8>(w, a, K, t, r0, acc); break;
+        case 9: vnni_rows<9>(w, a, K, t, r0, acc); break;
+        case 10: vnni_rows<10>(w, a, K, t, r0, acc); break;
+        case 11: vnni_rows<11>(w, a, K, t, r0, acc); break;
+        case 12: vnni_rows<12>(w, a, K, t, r0, acc); break;
+        case 13: vnni_rows<13>(w, a, K, t, r0, acc); break;
+        case 14: vnni_rows<14>(w, a, K, t, r0, acc); break;
+        case 15: vnni_rows<15>(w, a, K, t, r0, acc); break;
+        default: vnni_rows<16>(w, a, K, t, r0, acc); break;
     }
 }
 #endif
@@ -503,18 +543,18 @@ inline void amx_sums(const QLow<Bits>& w, const Acts& a, int64_t K, int64_t t, i
     __m512i c[8];
     unpack(w, codes, c);
     for (int j = 0; j < 8; ++j) _mm512_store_si512(b + 64 * j, c[j]);
-    const int8_t* x = &a.q[r0 * K + g * 32];
+    const int8_t* x = &a.q[a.at(r0, g) * 32];  // rows 32 bytes apart in a panel
     switch (g % kAmxDepth) {
-        case 0: tile_sums2(x, K, b, sums); break;
-        case 1: tile_sums3(x, K, b, sums); break;
-        case 2: tile_sums4(x, K, b, sums); break;
-        default: tile_sums5(x, K, b, sums); break;
+        case 0: tile_sums2(x, 32, b, sums); break;
+        case 1: tile_sums3(x, 32, b, sums); break;
+        case 2: tile_sums4(x, 32, b, sums); break;
+        default: tile_sums5(x, 32, b, sums); break;
     }
 }
 
 template <int R, int Bits>
 void amx_rows(const QLow<Bits>& w, const Acts& a, int64_t K, int64_t t, int64_t r0, float (*out)[16]) {
-    const int64_t G = K / 32, blocks = K / 32;
+    const int64_t G = K / 32;
     alignas(64) uint8_t b[kAmxDepth][8 * 64];
     alignas(64) int32_t sums[kAmxDepth][kAmxRows * 16];
     __m512 acc[R];
@@ -528,7 +568,7 @@ void amx_rows(const QLow<Bits>& w, const Acts& a, int64_t K, int64_t t, int64_t 
         scales.next(s, m);
         const int32_t* s32 = sums[g % kAmxDepth];
         for (int r = 0; r < R; ++r) {
-            const int64_t blk = (r0 + r) * blocks + g;
+            const int64_t blk = a.at(r0 + r, g);
             acc[r] = low_step(acc[r], _mm512_load_si512(s32 + 16 * r), s, m, a.scale[blk], a.neg_sum[blk]);
         }
     }
@@ -607,7 +647,7 @@ inline void unpack_half(const Q5&, const uint8_t* codes, __m256i* c) {
 
 template <int R, int Bits>
 void avx2_rows(const QLow<Bits>& w, const Acts& a, int64_t K, int64_t t, int64_t r0, float (*out)[16]) {
-    const int64_t G = K / 32, SB = (G + w.gps - 1) / w.gps, blocks = K / 32;
+    const int64_t G = K / 32, SB = (G + w.gps - 1) / w.gps;
     for (int h = 0; h < 2; ++h) {  // lanes 8h .. 8h+7
         __m256 acc[R];
         for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
@@ -626,11 +666,11 @@ void avx2_rows(const QLow<Bits>& w, const Acts& a, int64_t K, int64_t t, int64_t
             __m256i c[8];
             unpack_half(w, w.codes + (t * G + g) * w.kCodeBytes + 32 * h, c);
             for (int r = 0; r < R; ++r) {
-                const int32_t* xq = reinterpret_cast<const int32_t*>(&a.q[(r0 + r) * K + g * 32]);
+                const int64_t blk = a.at(r0 + r, g);
+                const int32_t* xq = reinterpret_cast<const int32_t*>(&a.q[blk * 32]);
                 // pair sums below 2 * 15 * 127 (Q4), 2 * 7 * 127 (Q3): 8 fit an int16; Q5's 2 * 31 * 127: 4
                 const __m256i isum = Bits == 5 ? _mm256_add_epi32(dot_sum<4>(c, xq), dot_sum<4>(c + 4, xq + 4))
                                                : dot_sum<8>(c, xq);
-                const int64_t blk = (r0 + r) * blocks + g;
                 acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(s, _mm256_set1_ps(a.scale[blk])), acc[r]);
                 acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(a.neg_sum[blk]), m, acc[r]);
             }
@@ -641,7 +681,7 @@ void avx2_rows(const QLow<Bits>& w, const Acts& a, int64_t K, int64_t t, int64_t
 
 template <int R>
 void avx2_rows(const Q8& w, const Acts& a, int64_t K, int64_t t, int64_t r0, float (*out)[16]) {
-    const int64_t G = K / 16, SB = (G + w.gps - 1) / w.gps, blocks = K / 32;
+    const int64_t G = K / 16, SB = (G + w.gps - 1) / w.gps;
     const __m256i zero = _mm256_set1_epi8(char(w.zero));
     const bool six_bit = w.zero == 32;  // Q6_K's codes: |q - zero| <= 32, 4 pair sums below 2^15
     for (int h = 0; h < 2; ++h) {
@@ -661,7 +701,8 @@ void avx2_rows(const Q8& w, const Acts& a, int64_t K, int64_t t, int64_t r0, flo
             __m256i c[4];
             for (int j = 0; j < 4; ++j) c[j] = _mm256_sub_epi8(_mm256_loadu_si256((const __m256i*)(codes + j * 64)), zero);
             for (int r = 0; r < R; ++r) {
-                const int32_t* xq = reinterpret_cast<const int32_t*>(&a.q[(r0 + r) * K + g * 16]);
+                const int64_t half = a.at(r0 + r, g / 2) * 2 + g % 2;
+                const int32_t* xq = reinterpret_cast<const int32_t*>(&a.q[half * 16]);
                 __m256i isum = _mm256_setzero_si256();
                 if (six_bit) {
                     __m256i pairs = _mm256_setzero_si256();
@@ -676,7 +717,6 @@ void avx2_rows(const Q8& w, const Acts& a, int64_t K, int64_t t, int64_t r0, flo
                         isum = _mm256_add_epi32(isum, dot4(_mm256_abs_epi8(x), _mm256_sign_epi8(c[j], x)));
                     }
                 }
-                const int64_t half = ((r0 + r) * blocks + g / 2) * 2 + g % 2;
                 acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(s, _mm256_set1_ps(a.scale[half / 2])), acc[r]);
             }
         }
@@ -704,14 +744,14 @@ void vector_tile(const W& w, const Acts& a, int64_t K, int64_t t, int64_t r0, in
 // stay in L2 meanwhile, where all rows at once (a prefill's) were read again from L3 for each tile.
 constexpr int64_t kBlockBytes = 192 * 1024;
 
-// y[rows, N] for every tile, the rows in chunks of kMaxRows (blocks of whole chunks, one after
+// y[rows, N] for every tile, the rows in chunks of kVnniRows (blocks of whole chunks, one after
 // another); each (tile, chunk) is one thread's work, so the split over threads cannot change an
 // output. `wide` (null or the AMX path) takes chunks of more than kMaxRows rows, up to kWideRows.
 template <typename W, typename Tile>
 void run(const W& w, const Acts& a, int64_t rows, int64_t K, int64_t N, const float* bias, void* out, int out_bf16,
          Tile tile, Tile wide = nullptr) {
     const int64_t T = N / 16;
-    const int most = wide && rows > kMaxRows ? kWideRows : kMaxRows;
+    const int most = !wide ? kVnniRows : rows > kMaxRows ? kWideRows : kMaxRows;
     const int64_t block = std::max<int64_t>(most, kBlockBytes / K / most * most);
 #pragma omp parallel
     {
@@ -725,7 +765,7 @@ void run(const W& w, const Acts& a, int64_t rows, int64_t K, int64_t N, const fl
                 float acc[kWideRows][16];
                 for (int64_t r0 = b0; r0 < b1; r0 += most) {
                     const int chunk = int(b1 - r0 < most ? b1 - r0 : most);
-                    (chunk > kMaxRows ? wide : tile)(w, a, K, t, r0, chunk, acc);
+                    (wide && chunk > kMaxRows ? wide : tile)(w, a, K, t, r0, chunk, acc);
                     for (int r = 0; r < chunk; ++r) store_out(acc[r], bias, t * 16, out, out_bf16, (r0 + r) * N + t * 16);
                 }
             }
