@@ -80,13 +80,13 @@ def test_a_rows_bits_do_not_depend_on_its_block_threads_or_path(kind, out, input
 
 @pytest.mark.parametrize("kind", ["q3", "q4", "q8"])
 def test_rows_of_a_long_block_keep_their_bits(kind):
-    """Past 48 rows the quantized activations lie in panels of 48 rows (qgemm.cpp's Acts) and the
+    """Past 16 rows the quantized activations lie in panels of 16 rows (qgemm.cpp's Acts) and the
     VNNI path takes 16 rows at a time: a row keeps its bits in any panel, chunk and path."""
     out, inputs = SHAPES[2]
     packed = kernels.pack(weight(kind, out, inputs, seed=5))
     x = torch.randn(101, inputs, generator=torch.Generator().manual_seed(6))
     full = kernels.linear(x, packed, None, torch.float32)
-    for at, rows in ((0, 1), (47, 1), (48, 1), (100, 1), (3, 50), (40, 61), (0, 64), (47, 54)):
+    for at, rows in ((0, 1), (15, 1), (16, 1), (100, 1), (3, 50), (40, 61), (0, 64), (47, 54), (9, 20)):
         assert torch.equal(kernels.linear(x[at : at + rows], packed, None, torch.float32), full[at : at + rows])
     assert torch.equal(kernels.linear(x, packed, None, torch.float32, portable=True), full)
     if HAS_AVX2:
