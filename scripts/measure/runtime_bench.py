@@ -91,31 +91,43 @@ def profile(lm, prompt: torch.Tensor, count: int = 32) -> dict:
             "other_c_ms": sum(stages.values()) - kernels, "python_glue_ms": 1e3 * wall - sum(stages.values())}
 
 
-def row_profiles(lm, prompt: torch.Tensor, sizes=(1, 2, 4, 8, 16), repeats: int = 7) -> dict:
+def row_profiles(lm, prompt: torch.Tensor, sizes=(1, 2, 4, 8, 16), repeats: int = 9) -> dict:
     """Median ms per stage of one forward over n rows after the prompt: a block of n rows of one
     sequence (a verify block, a prompt chunk) and n lanes of one row each (a batch's plain rows,
-    a draft step's), the first reading of each discarded."""
+    a draft step's), the first reading of each discarded. Each n-row forward is paired with a
+    one-row forward of the same lane next to it (the order alternating): `ratio_to_one` is the
+    median of those pairs' ratios, which a change in the machine's memory speed during the run
+    (a shared host's) moves on both sides alike."""
     from specdec.decode.batch import forward_blocks
 
     lanes = [lm.lane(prompt.numel() + 2 * max(sizes)) for _ in range(max(sizes))]
     for lane in lanes:
         lane.prefill(prompt)
+
+    def timed(blocks) -> dict:
+        stage_seconds()
+        began = time.perf_counter()
+        forward_blocks(blocks)
+        wall, stages = time.perf_counter() - began, stage_seconds()
+        for lane, _, _ in blocks:
+            lane.trim(prompt.numel())
+        return {"wall": wall, **stages}
+
     out = {}
     for kind in ("block", "lanes"):
         for n in sizes:
             blocks = ([(lanes[0], prompt[:n], False)] if kind == "block"
                       else [(lane, prompt[:1], False) for lane in lanes[:n]])
-            readings = []
+            one = [(lanes[0], prompt[:1], False)]
+            readings, ratios = [], []
             for at in range(repeats + 1):
-                stage_seconds()
-                began = time.perf_counter()
-                forward_blocks(blocks)
-                wall, stages = time.perf_counter() - began, stage_seconds()
-                for lane, _, _ in blocks:
-                    lane.trim(prompt.numel())
+                first, second = (blocks, one) if at % 2 else (one, blocks)
+                got = {id(first): timed(first), id(second): timed(second)}
                 if at:
-                    readings.append({"wall": wall, **stages})
+                    readings.append(got[id(blocks)])
+                    ratios.append(got[id(blocks)]["wall"] / got[id(one)]["wall"])
             out[f"{kind} {n}"] = {k: round(1e3 * statistics.median(r[k] for r in readings), 2) for k in readings[0]}
+            out[f"{kind} {n}"]["ratio_to_one"] = round(statistics.median(ratios), 3)
     for lane in lanes:
         lane.release()
     return out
