@@ -81,7 +81,8 @@ constexpr int kAhead = 24;
 // Rows per panel of the activations (below): a multiple of every chunk a tile takes (8, 16).
 // One 16-row chunk's panel makes its activations one contiguous stream, group after group: 48
 // rows (a chunk's rows 1 KB apart from the next group's) measured slower, prefill of the 1.5B
-// target at 1024 rows a chunk (paired runtime_bench.py --parts prefill, 2 rounds): gate_up 2,400 -> 2,200 ms, 335 -> 350 tok/s.
+// target at 1024 rows a chunk (paired runtime_bench.py --parts prefill, 2 rounds): gate_up
+// 2,400 -> 2,200 ms, 335 -> 350 tok/s.
 constexpr int64_t kActPanel = 16;
 static_assert(kActPanel % kMaxRows == 0 && kActPanel % kVnniRows == 0 && kActPanel % kWideRows == 0, "chunks within panels");
 
