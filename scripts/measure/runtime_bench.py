@@ -121,11 +121,15 @@ def row_profiles(lm, prompt: torch.Tensor, sizes=(1, 2, 4, 8, 16), repeats: int 
             one = [(lanes[0], prompt[:1], False)]
             readings, ratios = [], []
             for at in range(repeats + 1):
-                first, second = (blocks, one) if at % 2 else (one, blocks)
-                got = {id(first): timed(first), id(second): timed(second)}
+                if at % 2:
+                    many = timed(blocks)
+                    alone = timed(one)
+                else:
+                    alone = timed(one)
+                    many = timed(blocks)
                 if at:
-                    readings.append(got[id(blocks)])
-                    ratios.append(got[id(blocks)]["wall"] / got[id(one)]["wall"])
+                    readings.append(many)
+                    ratios.append(many["wall"] / alone["wall"])
             out[f"{kind} {n}"] = {k: round(1e3 * statistics.median(r[k] for r in readings), 2) for k in readings[0]}
             out[f"{kind} {n}"]["ratio_to_one"] = round(statistics.median(ratios), 3)
     for lane in lanes:
