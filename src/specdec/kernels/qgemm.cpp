@@ -182,10 +182,17 @@ void quantize_rows(const void* x, int bf16, int64_t rows, int64_t K, int q8_zero
     a.scale.resize(padded);
     a.neg_sum.resize(padded);
     a.zero_sum.resize(padded * 2);
+    // Threads take runs of (panel, block) items in storage order, so two threads' writes meet in
+    // at most one cache line. Split by rows, the rows of one panel's block (scale, neg_sum: 4
+    // bytes a row) shared a line across the threads in every block: 8 rows through 28 copies of
+    // the 1.5B target's down (8,960 inputs) took 5.89 ms against 5.45 split this way (Zen 5, 21
+    // paired passes).
+    const int64_t panels = (rows + a.panel - 1) / a.panel;
 #pragma omp parallel for schedule(static) if (rows > 1)
-    for (int64_t r = 0; r < rows; ++r) {
-        float v[kBlock];
-        for (int64_t b = 0; b < blocks; ++b) {
+    for (int64_t item = 0; item < panels * blocks; ++item) {
+        const int64_t p = item / blocks, b = item % blocks;
+        for (int64_t r = p * a.panel; r < std::min(rows, (p + 1) * a.panel); ++r) {
+            float v[kBlock];
             const int64_t at = r * K + b * kBlock, ab = a.at(r, b);
             int8_t* q = &a.q[ab * kBlock];
             if (bf16) {
