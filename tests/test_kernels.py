@@ -23,7 +23,7 @@ from specdec import kernels
 from specdec.errors import SpecdecError
 from specdec.quant.gguf_blocks import (q4k_split, q5k_split, q6k_split, q40_split, q41_split, q50_split, q51_split,
                                        q80_split)
-from specdec.quant.weights import _affine, q3_rtn, q4_rtn, q8_rtn
+from specdec.quant.weights import Q8Weight, _affine, q3_rtn, q4_rtn, q8_rtn
 
 SHAPES = [(16, 32), (48, 96), (64, 896), (256, 1536), (32, 8960)]  # 896, 96: a short last super-block
 
@@ -41,10 +41,13 @@ def activations(x: torch.Tensor) -> torch.Tensor:
 def weight(kind: str, out: int, inputs: int, seed: int = 0):
     gen = torch.Generator().manual_seed(seed)
     dense = torch.randn(out, inputs, generator=gen) * 0.05
+    if kind == "q6":  # Q6_K's form: codes below 64 around the zero 32 (stored in 6 bits)
+        w = q8_rtn(dense)
+        return Q8Weight((w.codes.int() - 128).clamp(-32, 31).add(32).to(torch.uint8), w.sub_scales, w.scales, 32)
     return {"q3": q3_rtn, "q4": q4_rtn, "q8": q8_rtn}[kind](dense)
 
 
-@pytest.mark.parametrize("kind", ["q3", "q4", "q8"])
+@pytest.mark.parametrize("kind", ["q3", "q4", "q6", "q8"])
 @pytest.mark.parametrize("out, inputs", SHAPES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_the_product_is_that_of_the_quantized_activations(kind, out, inputs, dtype):
@@ -58,7 +61,7 @@ def test_the_product_is_that_of_the_quantized_activations(kind, out, inputs, dty
     assert torch.equal(kernels.linear(x, kernels.pack(w), bias, torch.bfloat16), y.bfloat16())
 
 
-@pytest.mark.parametrize("kind", ["q3", "q4", "q8"])
+@pytest.mark.parametrize("kind", ["q3", "q4", "q6", "q8"])
 @pytest.mark.parametrize("out, inputs", SHAPES)
 def test_a_rows_bits_do_not_depend_on_its_block_threads_or_path(kind, out, inputs):
     packed = kernels.pack(weight(kind, out, inputs, seed=1))
@@ -78,7 +81,7 @@ def test_a_rows_bits_do_not_depend_on_its_block_threads_or_path(kind, out, input
     assert torch.equal(kernels.linear(x, packed, None, torch.bfloat16, portable=True), full)
 
 
-@pytest.mark.parametrize("kind", ["q3", "q4", "q8"])
+@pytest.mark.parametrize("kind", ["q3", "q4", "q6", "q8"])
 def test_rows_of_a_long_block_keep_their_bits(kind):
     """Past 16 rows the quantized activations lie in panels of 16 rows (qgemm.cpp's Acts) and the
     VNNI path takes 16 rows at a time: a row keeps its bits in any panel, chunk and path."""
@@ -91,6 +94,22 @@ def test_rows_of_a_long_block_keep_their_bits(kind):
     assert torch.equal(kernels.linear(x, packed, None, torch.float32, portable=True), full)
     if HAS_AVX2:
         assert torch.equal(kernels.linear(x, packed, None, torch.float32, march="x86-64-v3"), full)
+
+
+def test_q6_codes_take_three_quarters_of_q8s_bytes_and_give_its_bits():
+    """Q6_K's codes stored in 6 bits (kernels.pack's Q6) compute what the same codes in 8 give."""
+    w = weight("q6", 64, 1536, seed=7)
+    assert w.bits == 6 and int(w.codes.max()) == 63 and int(w.codes.min()) == 0
+    as8 = Q8Weight(w.codes, w.sub_scales, w.scales, w.zero)
+    as8.__dict__["bits"] = 8  # the 8-bit layout of the same codes
+    six, eight = kernels.pack(w), kernels.pack(as8)
+    assert (six.bits, eight.bits) == (6, 8) and six.codes.numel() * 4 == eight.codes.numel() * 3
+    x = torch.randn(19, 1536) * 4
+    marches = ["native", "x86-64", *(["x86-64-v3"] if HAS_AVX2 else [])]
+    for march in marches:
+        for rows in (1, 8, 19):
+            assert torch.equal(kernels.linear(x[:rows], six, None, torch.float32, march=march),
+                               kernels.linear(x[:rows], eight, None, torch.float32))
 
 
 FLAGS = open("/proc/cpuinfo").read().split()
@@ -109,7 +128,7 @@ def test_blocks_past_eight_rows_run_on_amx_where_the_cpu_has_it():
 
 
 @pytest.mark.skipif(not HAS_AVX2, reason="the CPU has no AVX2")
-@pytest.mark.parametrize("kind", ["q3", "q4", "q8"])
+@pytest.mark.parametrize("kind", ["q3", "q4", "q6", "q8"])
 def test_the_avx2_build_gives_the_same_bits(kind):
     """The AVX2 path (what a CPU without AVX-512 VNNI runs), built for x86-64-v3 here, against
     the portable path: its maddubs products must not saturate (Q8: codes signed, |x| times them)."""
@@ -221,7 +240,7 @@ def test_q3_rounding_searches_below_min_max_rounding():
     assert torch.equal(q3_rtn(torch.zeros(16, 64)).dequantize(), torch.zeros(16, 64))
 
 
-@pytest.mark.parametrize("kind", ["q3", "q4", "q8"])
+@pytest.mark.parametrize("kind", ["q3", "q4", "q6", "q8"])
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")])
 def test_a_non_finite_input_makes_its_rows_outputs_non_finite_on_every_path(kind, bad):
     """A NaN or inf activation must reach every output of its row (the runtime flags a round by

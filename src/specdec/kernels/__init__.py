@@ -1,4 +1,4 @@
-"""specdec's int8-activation kernels for Q3, Q4, Q5 and Q8 weights (qgemm.cpp; formats: quant.weights).
+"""specdec's int8-activation kernels for Q3, Q4, Q5, Q6 and Q8 weights (qgemm.cpp; formats: quant.weights).
 
 The C++ source is compiled once per machine with the system's C++ compiler (-march=native: the
 AVX-512 VNNI path where the CPU has it, with AMX tiles for blocks of 9-16 rows where it has those,
@@ -86,8 +86,9 @@ def library(march: str = "native") -> ctypes.CDLL:
     for low in (lib.sd_q3_linear, lib.sd_q4_linear, lib.sd_q5_linear):
         low.argtypes = [p, i, i64, i64, i64, p, p, p, i64, p, p, i, i]
         low.restype = None
-    lib.sd_q8_linear.argtypes = [p, i, i64, i64, i64, p, p, p, i, i64, p, p, i, i]
-    lib.sd_q8_linear.restype = None
+    for high in (lib.sd_q6_linear, lib.sd_q8_linear):
+        high.argtypes = [p, i, i64, i64, i64, p, p, p, i, i64, p, p, i, i]
+        high.restype = None
     return lib
 
 
@@ -104,7 +105,7 @@ def amx() -> bool:
 
 @dataclass
 class Packed:
-    """A Q3, Q4 or Q8 weight in the kernels' tile layout (qgemm.cpp's header)."""
+    """A Q3, Q4, Q5, Q6 or Q8 weight in the kernels' tile layout (qgemm.cpp's header)."""
 
     bits: int
     codes: torch.Tensor
@@ -118,7 +119,7 @@ class Packed:
 
     @property
     def in_features(self) -> int:
-        return self.codes.shape[1] * (Q8_GROUP if self.bits == 8 else Q4_GROUP)  # codes: [tiles, groups, ...]
+        return self.codes.shape[1] * (Q8_GROUP if self.bits in (6, 8) else Q4_GROUP)  # codes: [tiles, groups, ...]
 
 
 def _tiles(per_row: torch.Tensor) -> torch.Tensor:
@@ -137,9 +138,21 @@ def pack(weight: Q4Weight | Q8Weight) -> Packed:
         supers = torch.cat([_tiles(weight.scales), _tiles(weight.mins)], dim=-1).float()
         return Packed(weight.bits, codes.contiguous(), subs.contiguous(), supers.contiguous(), weight.per_super)
     groups = inputs // Q8_GROUP
-    codes = weight.codes.reshape(tiles, 16, groups, 4, 4).permute(0, 2, 3, 1, 4)
-    return Packed(8, codes.contiguous(), _tiles(weight.sub_scales).contiguous(),
+    codes = weight.codes.reshape(tiles, 16, groups, 4, 4).permute(0, 2, 3, 1, 4)  # [tile, group, j, lane, byte]
+    if weight.bits == 6:
+        codes = _q6_codes(codes)
+    return Packed(weight.bits, codes.contiguous(), _tiles(weight.sub_scales).contiguous(),
                   _tiles(weight.scales).float().contiguous(), weight.per_super, weight.zero)
+
+
+def _q6_codes(c: torch.Tensor) -> torch.Tensor:
+    """[tile, group, 4 (j), lane, 4 (byte)] codes below 64 -> [tile, group, 192 bytes]: loads 0
+    and 1 in the low and high nibbles of a vector [lane, byte], loads 2 and 3 in a second, then
+    a plane holding at bits 2j, 2j+1 the top two bits of load j's byte."""
+    low = c & 15
+    nibbles = torch.stack([low[:, :, 0] | (low[:, :, 1] << 4), low[:, :, 2] | (low[:, :, 3] << 4)], dim=2)
+    top = ((c >> 4) << (2 * torch.arange(4, dtype=torch.uint8)).view(1, 1, 4, 1, 1)).sum(2, dtype=torch.uint8)
+    return torch.cat([nibbles.flatten(2), top.flatten(2)], dim=-1)
 
 
 def _q4_codes(q: torch.Tensor) -> torch.Tensor:
@@ -188,8 +201,8 @@ def linear(x: torch.Tensor, weight: Packed, bias: torch.Tensor | None, out_dtype
     head = (x.data_ptr(), x.dtype == torch.bfloat16, rows, inputs, out_features, weight.codes.data_ptr(),
             weight.subs.data_ptr(), weight.supers.data_ptr())
     tail = (None if bias is None else bias.data_ptr(), y.data_ptr(), y.dtype == torch.bfloat16, portable)
-    if weight.bits == 8:
-        lib.sd_q8_linear(*head, weight.zero, weight.per_super, *tail)
+    if weight.bits in (6, 8):
+        getattr(lib, f"sd_q{weight.bits}_linear")(*head, weight.zero, weight.per_super, *tail)
     else:
         getattr(lib, f"sd_q{weight.bits}_linear")(*head, weight.per_super, *tail)
     return y if y.dtype == out_dtype else y.to(out_dtype)

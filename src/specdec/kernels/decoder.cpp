@@ -80,6 +80,9 @@ void apply(const SdWeight& w, const float* x, int64_t rows, float* out) {
     if (w.bits == 4) return apply_low<4>(w, x, rows, out);
     if (w.bits == 3) return apply_low<3>(w, x, rows, out);
     if (w.bits == 5) return apply_low<5>(w, x, rows, out);
+    if (w.bits == 6)
+        return linear(Q6{w.codes, static_cast<const int8_t*>(w.subs), w.supers, w.zero, w.per_super}, x, 0, rows, w.K,
+                      w.N, w.zero, w.bias, out, 0, 0);
     linear(Q8{w.codes, static_cast<const int8_t*>(w.subs), w.supers, w.zero, w.per_super}, x, 0, rows, w.K, w.N,
            w.zero, w.bias, out, 0, 0);
 }

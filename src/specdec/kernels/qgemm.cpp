@@ -28,6 +28,11 @@
 //       subs   [T][K/16][16] i8 sub-scales; supers [T][ceil(G/gps)][16] f32 (a super-block is
 //              gps groups of 16: 16 for Q6_K and rounded weights, 2 for Q8_0's scale per 32).
 //       w = scale*sub_scale*(q - zero).
+//   Q6: as Q8 (zero 32) for codes below 64 (GGUF's Q6_K) in 192 bytes a group: two 64-byte
+//              vectors [16][4] of nibbles (the first: loads 0 and 1 in the low and high nibbles,
+//              the second: loads 2 and 3), then a plane [16][4] of the codes' top two bits (bits
+//              2j, 2j+1 of byte b: load j's byte b), three quarters of Q8's bytes for a row alone
+//              to stream.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -261,13 +266,29 @@ inline int32_t code_at(const Q5&, const uint8_t* codes, int l, int i) {
     return code_at(Q4{}, codes, l, i) | (((codes[256 + l * 4 + i % 4] >> (i / 4)) & 1) << 4);
 }
 
-struct Q8 {
+// Q8 (Bits = 8) and Q6: one format but for how a group's codes are stored.
+template <int Bits>
+struct QHigh {
+    static constexpr int kCodeBytes = 32 * Bits;  // a tile's codes per group of 16 inputs
     const uint8_t* codes;
     const int8_t* subs;
     const float* supers;
     int zero;
     int64_t gps;  // groups of 16 per super-block
 };
+using Q8 = QHigh<8>;
+using Q6 = QHigh<6>;
+template <typename W>
+constexpr bool kHigh = false;  // Q8 or Q6: groups of 16, no AMX path
+template <int Bits>
+constexpr bool kHigh<QHigh<Bits>> = true;
+
+// Input i's code for lane l of a group's codes (the portable path's reading of the layouts).
+inline int32_t code_at(const Q8&, const uint8_t* codes, int l, int i) { return codes[(i / 4) * 64 + l * 4 + i % 4]; }
+inline int32_t code_at(const Q6&, const uint8_t* codes, int l, int i) {
+    const int j = i / 4, b = l * 4 + i % 4;
+    return ((codes[(j / 2) * 64 + b] >> (4 * (j % 2))) & 15) | (((codes[128 + b] >> (2 * j)) & 3) << 4);
+}
 
 // The portable path: one output lane at a time, the same operations as the vector path.
 template <int Bits>
@@ -293,12 +314,13 @@ void portable_tile(const QLow<Bits>& w, const Acts& a, int64_t K, int64_t t, int
     }
 }
 
-void portable_tile(const Q8& w, const Acts& a, int64_t K, int64_t t, int64_t r0, int rows, float (*acc)[16]) {
+template <int Bits>
+void portable_tile(const QHigh<Bits>& w, const Acts& a, int64_t K, int64_t t, int64_t r0, int rows, float (*acc)[16]) {
     const int64_t G = K / 16, SB = (G + w.gps - 1) / w.gps;
     for (int r = 0; r < rows; ++r)
         for (int l = 0; l < 16; ++l) acc[r][l] = 0.f;
     for (int64_t g = 0; g < G; ++g) {
-        const uint8_t* codes = w.codes + (t * G + g) * 256;
+        const uint8_t* codes = w.codes + (t * G + g) * w.kCodeBytes;
         const int8_t* subs = w.subs + (t * G + g) * 16;
         const float* sup = w.supers + (t * SB + g / w.gps) * 16;
         for (int l = 0; l < 16; ++l) {
@@ -307,7 +329,7 @@ void portable_tile(const Q8& w, const Acts& a, int64_t K, int64_t t, int64_t r0,
                 const int64_t half = a.at(r0 + r, g / 2) * 2 + g % 2;
                 const int8_t* xq = &a.q[half * 16];
                 int32_t isum = 0;
-                for (int i = 0; i < 16; ++i) isum += int32_t(codes[(i / 4) * 64 + l * 4 + i % 4]) * xq[i];
+                for (int i = 0; i < 16; ++i) isum += code_at(w, codes, l, i) * xq[i];
                 isum -= a.zero_sum[half];
                 acc[r][l] = std::fma(float(isum), s * a.scale[half / 2], acc[r][l]);
             }
@@ -361,6 +383,28 @@ inline void unpack(const Q5&, const uint8_t* codes, __m512i* c) {
     c[2] = _mm512_or_si512(c[2], q5_high<2>(p)), c[3] = _mm512_or_si512(c[3], q5_high<3>(p));
     c[4] = _mm512_or_si512(c[4], q5_high<4>(p)), c[5] = _mm512_or_si512(c[5], q5_high<5>(p));
     c[6] = _mm512_or_si512(c[6], q5_high<6>(p)), c[7] = _mm512_or_si512(c[7], q5_high<7>(p));
+}
+
+// A Q8 group's codes as 4 vectors: c[j] holds, per lane, the codes of inputs 4j..4j+3.
+inline void unpack(const Q8&, const uint8_t* codes, __m512i* c) {
+    for (int j = 0; j < 4; ++j) c[j] = _mm512_loadu_si512(codes + j * 64);
+}
+
+// Q6's nibbles, then the top two bits moved to bits 4 and 5 of each byte (the 16-bit shifts
+// carry bits across a word's bytes only where the mask then clears them).
+template <int J>
+inline __m512i q6_top(__m512i plane) {
+    const __m512i at4 = J < 2 ? _mm512_slli_epi16(plane, 4 - 2 * J) : _mm512_srli_epi16(plane, 2 * J - 4);
+    return _mm512_and_si512(at4, _mm512_set1_epi8(0x30));
+}
+
+inline void unpack(const Q6&, const uint8_t* codes, __m512i* c) {
+    const __m512i low = _mm512_set1_epi8(0x0F), p = _mm512_loadu_si512(codes + 128);
+    const __m512i v0 = _mm512_loadu_si512(codes), v1 = _mm512_loadu_si512(codes + 64);
+    c[0] = _mm512_or_si512(_mm512_and_si512(v0, low), q6_top<0>(p));
+    c[1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(v0, 4), low), q6_top<1>(p));
+    c[2] = _mm512_or_si512(_mm512_and_si512(v1, low), q6_top<2>(p));
+    c[3] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(v1, 4), low), q6_top<3>(p));
 }
 
 // A Q3/Q4/Q5 tile's scales group by group: s = super-scale x sub-scale and m = super-min x
@@ -430,8 +474,8 @@ void vnni_rows(const QLow<Bits>& w, const Acts& a, int64_t K, int64_t t, int64_t
     for (int r = 0; r < R; ++r) _mm512_storeu_ps(out[r], acc[r]);
 }
 
-template <int R>
-void vnni_rows(const Q8& w, const Acts& a, int64_t K, int64_t t, int64_t r0, float (*out)[16]) {
+template <int R, int Bits>
+void vnni_rows(const QHigh<Bits>& w, const Acts& a, int64_t K, int64_t t, int64_t r0, float (*out)[16]) {
     const int64_t G = K / 16, SB = (G + w.gps - 1) / w.gps, first = a.at(r0, 0);
     __m512 acc[R];
 #pragma GCC unroll 16
@@ -446,10 +490,10 @@ void vnni_rows(const Q8& w, const Acts& a, int64_t K, int64_t t, int64_t r0, flo
         }
         const int8_t* subs = w.subs + (t * G + g) * 16;
         const __m512 s = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)subs))), d);
-        const uint8_t* codes = w.codes + (t * G + g) * 256;
-        prefetch(codes + kAhead * 256, 256, subs + kAhead * 16);
+        const uint8_t* codes = w.codes + (t * G + g) * w.kCodeBytes;
+        prefetch(codes + kAhead * w.kCodeBytes, w.kCodeBytes, subs + kAhead * 16);
         __m512i c[4];
-        for (int j = 0; j < 4; ++j) c[j] = _mm512_loadu_si512(codes + j * 64);
+        unpack(w, codes, c);
 #pragma GCC unroll 16  // as in the Q3/Q4/Q5 rows
         for (int r = 0; r < R; ++r) {
             const int64_t half = (first + g / 2 * a.panel + r) * 2 + g % 2;
@@ -498,7 +542,7 @@ void vector_tile(const W& w, const Acts& a, int64_t K, int64_t t, int64_t r0, in
 // Tiles: 0 = a group's activations of up to 16 rows (A, strided straight from the quantized
 // rows; rows past the block's are read, a.q has room, and their sums dropped), 1 = its codes
 // (B, row j = unpack's c[j]: inputs 4j..4j+3 of each of the 16 lanes), 2..5 = the sums of four
-// groups in flight (C, a row's 16 lanes), so the tile work runs ahead of the float steps. Q8's
+// groups in flight (C, a row's 16 lanes), so the tile work runs ahead of the float steps. Q8's and Q6's
 // groups of 16 stay on VNNI: tiles half as deep measured slower than dpbusd there.
 constexpr int kAmxRows = 16;
 constexpr int kAmxDepth = 4;
@@ -690,8 +734,25 @@ void avx2_rows(const QLow<Bits>& w, const Acts& a, int64_t K, int64_t t, int64_t
     }
 }
 
-template <int R>
-void avx2_rows(const Q8& w, const Acts& a, int64_t K, int64_t t, int64_t r0, float (*out)[16]) {
+// Half h of a Q8 or Q6 group's codes (`codes` already offset by 32h) as 4 vectors, as unpack_half.
+inline void unpack_half(const Q8&, const uint8_t* codes, __m256i* c) {
+    for (int j = 0; j < 4; ++j) c[j] = _mm256_loadu_si256((const __m256i*)(codes + j * 64));
+}
+
+inline void unpack_half(const Q6&, const uint8_t* codes, __m256i* c) {
+    const __m256i v[2] = {_mm256_loadu_si256((const __m256i*)codes), _mm256_loadu_si256((const __m256i*)(codes + 64))};
+    const __m256i p = _mm256_loadu_si256((const __m256i*)(codes + 128));
+    const __m256i low = _mm256_set1_epi8(0x0F), top = _mm256_set1_epi8(0x30);
+    for (int j = 0; j < 4; ++j) {
+        const __m256i nibble = j % 2 ? _mm256_srli_epi16(v[j / 2], 4) : v[j / 2];
+        const __m256i at4 = j < 2 ? _mm256_sll_epi16(p, _mm_cvtsi32_si128(4 - 2 * j))
+                                  : _mm256_srl_epi16(p, _mm_cvtsi32_si128(2 * j - 4));
+        c[j] = _mm256_or_si256(_mm256_and_si256(nibble, low), _mm256_and_si256(at4, top));
+    }
+}
+
+template <int R, int Bits>
+void avx2_rows(const QHigh<Bits>& w, const Acts& a, int64_t K, int64_t t, int64_t r0, float (*out)[16]) {
     const int64_t G = K / 16, SB = (G + w.gps - 1) / w.gps;
     const __m256i zero = _mm256_set1_epi8(char(w.zero));
     const bool six_bit = w.zero == 32;  // Q6_K's codes: |q - zero| <= 32, 4 pair sums below 2^15
@@ -708,9 +769,9 @@ void avx2_rows(const Q8& w, const Acts& a, int64_t K, int64_t t, int64_t r0, flo
             }
             const int8_t* subs = w.subs + (t * G + g) * 16 + 8 * h;
             const __m256 s = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)subs))), d);
-            const uint8_t* codes = w.codes + (t * G + g) * 256 + 32 * h;
             __m256i c[4];
-            for (int j = 0; j < 4; ++j) c[j] = _mm256_sub_epi8(_mm256_loadu_si256((const __m256i*)(codes + j * 64)), zero);
+            unpack_half(w, w.codes + (t * G + g) * w.kCodeBytes + 32 * h, c);
+            for (int j = 0; j < 4; ++j) c[j] = _mm256_sub_epi8(c[j], zero);
             for (int r = 0; r < R; ++r) {
                 const int64_t half = a.at(r0 + r, g / 2) * 2 + g % 2;
                 const int32_t* xq = reinterpret_cast<const int32_t*>(&a.q[half * 16]);
@@ -795,7 +856,7 @@ void linear(const W& w, const void* x, int x_bf16, int64_t rows, int64_t K, int6
             void* out, int out_bf16, int portable) {
     quantize_rows(x, x_bf16, rows, K, zero, portable, acts);
 #if SD_AMX
-    if constexpr (!std::is_same_v<W, Q8>)
+    if constexpr (!kHigh<W>)
         if (!portable && amx_granted())
             return run(w, acts, rows, K, N, bias, out, out_bf16, Tile<W>(vector_tile<W>), Tile<W>(amx_tile<W>));
 #endif
@@ -848,6 +909,13 @@ void sd_q8_linear(const void* x, int x_bf16, int64_t rows, int64_t K, int64_t N,
                   const int8_t* subs, const float* supers, int zero, int64_t gps, const float* bias, void* out,
                   int out_bf16, int portable) {
     linear(Q8{codes, subs, supers, zero, gps}, x, x_bf16, rows, K, N, zero, bias, out, out_bf16, portable);
+}
+
+// As sd_q8_linear for Q6 codes (zero 32).
+void sd_q6_linear(const void* x, int x_bf16, int64_t rows, int64_t K, int64_t N, const uint8_t* codes,
+                  const int8_t* subs, const float* supers, int zero, int64_t gps, const float* bias, void* out,
+                  int out_bf16, int portable) {
+    linear(Q6{codes, subs, supers, zero, gps}, x, x_bf16, rows, K, N, zero, bias, out, out_bf16, portable);
 }
 
 }  // extern "C"

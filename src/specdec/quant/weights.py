@@ -3,7 +3,8 @@ either from a GGUF block format (kept exactly where it maps) or by rounding a fl
 
 Both are two-level, as llama.cpp's K-quants are: integer sub-scales per small group of inputs
 under float32 scales per super-block of 256 inputs of a row (a row's last super-block may be
-shorter), which is what makes them cheap to read (4.75 and 8.6 bits per weight).
+shorter), which is what makes them cheap to read (4.75 and 8.6 bits per weight, 6.6 for Q6_K's
+codes, which the kernels store in 6 bits).
 - Q4Weight: 4-bit codes q in [0, 15], groups of 32 with an unsigned sub-scale sc and sub-min mn,
   super-scales d and dmin: w = d*sc*q - dmin*mn. GGUF's Q4_K is exactly this (its 6-bit sc and
   mn); so is its Q4_1 (w = d*q + m per group of 32) with one group per super-block, sc = mn = 1
@@ -14,7 +15,7 @@ shorter), which is what makes them cheap to read (4.75 and 8.6 bits per weight).
   Q5_1 (w = d*q + m) with one group per super-block; Q4_0 (w = d*(q - 8)) is bits = 4 so.
 - Q8Weight: 8-bit codes q in [0, 255] around a zero z (one per tensor), groups of 16 with a
   signed sub-scale sc under a super-scale d per `per_super` groups: w = d*sc*(q - z). GGUF's
-  Q6_K is exactly this with z = 32; its Q8_0 (w = d*q per 32) with z = 128, sc = 1 and a
+  Q6_K is exactly this with z = 32 (bits = 6: the kernels store its codes in 6 bits); its Q8_0 (w = d*q per 32) with z = 128, sc = 1 and a
   super-block of 2 groups; rounding a float weight ("int8") uses z = 128 and codes in [1, 255].
 Every GGUF form is read from the file's bytes (quant.gguf_blocks) and decodes to gguf-py's floats
 bit for bit (tests/test_kernels.py): a model in these forms is the file's model, not a rounding of it.
@@ -23,6 +24,7 @@ bit for bit (tests/test_kernels.py): a model in these forms is the file's model,
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -62,6 +64,12 @@ class Q8Weight:
     def dequantize(self) -> torch.Tensor:
         scale = _scale(self.scales, self.sub_scales, self.per_super)
         return _per_input(scale, Q8_GROUP) * (self.codes.float() - self.zero)
+
+    @functools.cached_property
+    def bits(self) -> int:
+        """6 where every code fits 6 bits around the zero 32 (Q6_K's: the kernels then store a
+        code in 6 bits, 3/4 of the bytes a decode step reads), else 8."""
+        return 6 if self.zero == 32 and int(self.codes.max()) < 64 else 8
 
 
 def _scale(per_super: torch.Tensor, subs: torch.Tensor, groups: int) -> torch.Tensor:

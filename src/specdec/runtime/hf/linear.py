@@ -143,8 +143,7 @@ class QuantLinear(BlockLinear):
         if not fits(in_features, out_features):
             raise SpecdecError(f"a quantized layer needs outputs in multiples of 16 and inputs in multiples "
                                f"of 32; this one is {in_features} -> {out_features}")
-        bits = weight.bits if isinstance(weight, Q4Weight) else 8
-        super().__init__(in_features, out_features, dtype, None, f"q{bits} int8-activation")
+        super().__init__(in_features, out_features, dtype, None, f"q{weight.bits} int8-activation")
         self.weight = kernels.pack(weight)
         self.register_buffer("bias", None if bias is None else bias.detach().float(), persistent=False)
         self._probe(torch.device("cpu"))

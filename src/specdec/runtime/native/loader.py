@@ -27,7 +27,7 @@ from .weight_source import HEAD, layer, outside_layers, read_gguf, read_model
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
-STORED_FORMAT = 3  # version of what stored_weights.save_layers writes and of read_gguf's forms
+STORED_FORMAT = 4  # version of what stored_weights.save_layers writes and of read_gguf's forms
 CAPACITY = 4096  # cache slots to start with (28 layers x 256 floats x 2 x 4 B = 235 MiB for the 1.5B); grown on demand
 
 

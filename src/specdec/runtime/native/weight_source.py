@@ -92,7 +92,7 @@ def _in_mode(decoded: Q4Weight | Q8Weight | torch.Tensor, kind: str, mode: str, 
             return _rounded(decoded, lambda rows: q4_rtn(rows, 32)), f"Q4 rounded from {kind}"
         return _rounded(decoded, q3_rtn), f"Q3 rounded from {kind}"
     if isinstance(decoded, Q8Weight):
-        return decoded, f"Q8 = {kind} (exact)"
+        return decoded, f"Q{decoded.bits} = {kind} (exact)"
     if isinstance(decoded, Q4Weight):
         if mode == "int4":
             return decoded, f"Q{decoded.bits} = {kind} (exact)"
@@ -179,7 +179,7 @@ def read_model(model: PreTrainedModel, cfg: DecoderConfig, mode: str) -> SourceW
 
 
 def _form(weight: Q4Weight | Q8Weight) -> str:
-    return f"Q{weight.bits}" if isinstance(weight, Q4Weight) else "Q8"
+    return f"Q{weight.bits}"
 
 
 def _check_complete(cfg: DecoderConfig, linears: Quantized, dense: dict[str, torch.Tensor], origin: str,
