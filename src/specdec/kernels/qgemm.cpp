@@ -1,4 +1,4 @@
-// specdec's quantized matrix products: y = x W^T (+ b) for 3-, 4- and 8-bit weights in groups
+// specdec's quantized matrix products: y = x W^T (+ b) for 3- to 8-bit weights in groups
 // with integer sub-scales under float super-scales (GGUF's Q4_K and Q6_K, repacked), and int8
 // activations quantized per row in blocks of 32 inputs.
 //
