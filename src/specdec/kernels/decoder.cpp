@@ -245,6 +245,21 @@ inline void run_dots(const float* q, const float* const* k, int64_t D, Lanes* ac
     }
 }
 
+// run_dots for two query heads and 8 keys: acc[i] for qa with key k[i], acc[8 + i] for qb, each
+// key's load serving both heads (one head alone loads a key for every FMA); each sum's FMAs are
+// run_dots's own, in its order.
+inline void run_dots_2(const float* qa, const float* qb, const float* const* k, int64_t D, Lanes* acc) {
+    for (int i = 0; i < kKeyRun; ++i) acc[i] = Lanes{};
+    for (int64_t d = 0; d < D; d += kLanes) {
+        const Lanes xa = load(qa + d), xb = load(qb + d);
+        for (int i = 0; i < kKeyRun / 2; ++i) {
+            const Lanes key = load(k[i] + d);
+            acc[i] = fma(xa, key, acc[i]);
+            acc[kKeyRun / 2 + i] = fma(xb, key, acc[kKeyRun / 2 + i]);
+        }
+    }
+}
+
 // Lane i = reduce(acc[i]) for 16 accumulators: the same additions in reduce()'s order (halves,
 // quarters, eighths, the last pair), two vectors' partial sums side by side in each step, where
 // reduce() alone spends as many shuffles and adds on one.
@@ -400,16 +415,29 @@ void attend_tile(const SdModel& m, const SdLayer& L, const float* qkv, int64_t r
                     __builtin_prefetch(values + row.slot(j) * D + d, 0, 2);
                 }
             prefetched = true;
-            for (int64_t h = h0; h < h1; ++h) {
+            const auto keep = [&](int64_t h, Lanes got) {
                 const int64_t pair = (r - r0) * nh + (h - h0);
-                Lanes acc[kKeyRun];
-                run_dots(qkv + r * width + h * D, k, D, acc);
-                const Lanes got = reduce_run(acc) * m.attn_scale;
                 store(score_at + pair * stride + j0, got);
                 // Each lane's running max: a NaN score never replaces it (as fmax), and which of
                 // +0 and -0 stays changes no weight exp(score - max)
                 const Lanes best = load(top + pair * kLanes);
                 store(top + pair * kLanes, got > best ? got : best);
+            };
+            const float* q = qkv + r * width;
+            int64_t h = h0;
+            for (; h + 1 < h1; h += 2) {  // two heads at a time, a run's keys in halves of 8
+                Lanes acc[kKeyRun];
+                run_dots_2(q + h * D, q + (h + 1) * D, k, D, acc);
+                const Lanes first = reduce_run(acc);  // keys 0-7 of head h, then of h + 1
+                run_dots_2(q + h * D, q + (h + 1) * D, k + kKeyRun / 2, D, acc);
+                const Lanes second = reduce_run(acc);
+                keep(h, __builtin_shufflevector(first, second, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) * m.attn_scale);
+                keep(h + 1, __builtin_shufflevector(first, second, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31) * m.attn_scale);
+            }
+            if (h < h1) {
+                Lanes acc[kKeyRun];
+                run_dots(q + h * D, k, D, acc);
+                keep(h, reduce_run(acc) * m.attn_scale);
             }
         }
     }
