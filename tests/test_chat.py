@@ -239,6 +239,17 @@ class Terminal:
     def send(self, keys: str) -> None:
         os.write(self.fd, keys.encode())
 
+    def wait_for_a_key(self, timeout: float = 60) -> None:
+        """Until the command's main thread blocks waiting for the terminal (readline's pselect6 or
+        a read): a fixed sleep after the prompt showed was too short once on a loaded 2-core run."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            call = Path(f"/proc/{self.pid}/syscall").read_text().split()[0]
+            if call in {"0", "7", "23", "270", "271"}:  # read, poll, select, pselect6, ppoll
+                return
+            time.sleep(0.05)
+        raise AssertionError(f"the command never waited for a key in {timeout} s:\n{self.text}")
+
     def status(self, timeout: float = 60) -> int:
         """The command's exit status, once it exits (killed after `timeout` s)."""
         deadline = time.monotonic() + timeout
@@ -327,9 +338,9 @@ def test_ctrl_c_in_a_terminal_stops_the_answer_not_the_program(files):
     term.expect("> ")
     # Python's readline sees a signal only when it interrupts its wait for a key: one that comes
     # before the wait begins (just after the prompt shows) is read with the next key.
-    time.sleep(1)
+    term.wait_for_a_key()
     term.send("\x03")  # at the prompt: a hint, the program goes on
     term.expect("Ctrl-C again")
-    time.sleep(1)
+    term.wait_for_a_key()
     term.send("\x03")
     assert term.status() == 0
