@@ -59,6 +59,10 @@ def cmd_chat(args: argparse.Namespace) -> int:
     if interactive:
         with suppress(ImportError):  # line editing and history for input(), where Python has readline
             import readline  # noqa: F401
+        # Ctrl-C is the chat's key even where it started with SIGINT ignored (a launcher's or a test
+        # runner's choice, which Python keeps): answers installed their own handler and stopped,
+        # while at the prompt the key did nothing.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     print(f"[specdec] chat: {HELP}", file=sys.stderr, flush=True)
     return chat(talk, color=args.color == "always" or (args.color == "auto" and sys.stdout.isatty()),
                 prompt="> " if interactive else "")
