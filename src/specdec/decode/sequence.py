@@ -121,18 +121,21 @@ class Decoding:
     def begin(self, last: torch.Tensor, prefill_draft: bool = True) -> None:
         """Commit the target's first token from `last`, the prompt's last logits row [1, vocab],
         once the target's cache holds the prompt (start's prefill, or a batch that forwarded it
-        in chunks beside other sequences' rounds); the draft starts as start says."""
+        in chunks beside other sequences' rounds); then the draft starts as start says. The
+        first token goes out before the draft reads the prompt (a third of the target's prefill
+        for the int3 draft), and a sequence that ends with it never has the draft read it."""
         if self.options.rules:
             last = rule_rows(self.options.rules, last, self.seq[: self.length], self.length)
         first = pick(last[0], self.cfg, self.generator)
-        if self.drafter is not None:
-            seen = self.draft_cached
-            self.drafter.begin(self.prompt if prefill_draft else self.prompt[: seen + 1], self.lm.vocab_size,
-                               reuse=self.options.reuse_prefix or seen > 0)
         self.clock.lap("prefill")
         zero = torch.zeros((), dtype=torch.long, device=self.lm.device)
         self._commit(self.seq[:0], zero, first, zero.view(1), last)
         self.clock.lap("other")
+        if self.drafter is not None and not self.finished:
+            seen = self.draft_cached
+            self.drafter.begin(self.prompt if prefill_draft else self.prompt[: seen + 1], self.lm.vocab_size,
+                               reuse=self.options.reuse_prefix or seen > 0)
+            self.clock.lap("prefill")  # the draft's read of the prompt: the prefill's cost, not a round's
 
     def guesses(self, most: int | None = None) -> int:
         """How many tokens this round may guess: the proposer's k (or `most`), leaving room for
