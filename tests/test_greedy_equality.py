@@ -203,3 +203,24 @@ def test_position_acceptance_is_conditional():
     assert s.position_judged == [4, 3, 1]
     assert s.position_accepted == [3, 2, 1]
     assert s.position_acceptance == [3 / 4, 2 / 3, 1.0]
+
+
+def test_the_first_token_goes_out_before_the_draft_reads_the_prompt(target, draft, monkeypatch):
+    """The first token is the target's own, so it is committed (streamed) before the draft's read
+    of the prompt; a generation that ends with it never has the draft read the prompt at all."""
+    events: list[str] = []
+    begin = DraftModel.begin
+
+    def recorded(self, *args, **kwargs):
+        events.append("draft reads the prompt")
+        return begin(self, *args, **kwargs)
+
+    monkeypatch.setattr(DraftModel, "begin", recorded)
+    prompt = torch.tensor([3, 14, 15, 9, 2, 6])
+    on_commit = lambda tokens, from_draft: events.append(f"commit {len(tokens)}") and False
+    spec = generate(target, prompt, drafter=DraftModel(draft, 3), max_new_tokens=12, on_commit=on_commit)
+    assert events[:2] == ["commit 1", "draft reads the prompt"] and events.count("draft reads the prompt") == 1
+    assert spec.new_tokens == generate(target, prompt, max_new_tokens=12).new_tokens
+    events.clear()
+    generate(target, prompt, drafter=DraftModel(draft, 3), max_new_tokens=1, on_commit=on_commit)
+    assert events == ["commit 1"]
