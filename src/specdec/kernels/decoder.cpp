@@ -76,15 +76,19 @@ void apply_low(const SdWeight& w, const float* x, int64_t rows, float* out) {
            w.bias, out, 0, 0);
 }
 
+// As apply_low for Q6 and Q8 (groups of 16 around a zero).
+template <int Bits>
+void apply_high(const SdWeight& w, const float* x, int64_t rows, float* out) {
+    linear(QHigh<Bits>{w.codes, static_cast<const int8_t*>(w.subs), w.supers, w.zero, w.per_super}, x, 0, rows, w.K,
+           w.N, w.zero, w.bias, out, 0, 0);
+}
+
 void apply(const SdWeight& w, const float* x, int64_t rows, float* out) {
     if (w.bits == 4) return apply_low<4>(w, x, rows, out);
     if (w.bits == 3) return apply_low<3>(w, x, rows, out);
     if (w.bits == 5) return apply_low<5>(w, x, rows, out);
-    if (w.bits == 6)
-        return linear(Q6{w.codes, static_cast<const int8_t*>(w.subs), w.supers, w.zero, w.per_super}, x, 0, rows, w.K,
-                      w.N, w.zero, w.bias, out, 0, 0);
-    linear(Q8{w.codes, static_cast<const int8_t*>(w.subs), w.supers, w.zero, w.per_super}, x, 0, rows, w.K, w.N,
-           w.zero, w.bias, out, 0, 0);
+    if (w.bits == 6) return apply_high<6>(w, x, rows, out);
+    apply_high<8>(w, x, rows, out);
 }
 
 thread_local std::vector<float> part_out;
