@@ -149,6 +149,15 @@ inline Lanes fma(Lanes a, Lanes b, Lanes c) {
 #endif
 }
 
+// v kept in a register: GCC otherwise folds a load that several FMAs use into each of them as a
+// memory operand, so a key or value was read once per head (a load per FMA, the load ports' limit).
+inline Lanes held(Lanes v) {
+#if defined(__AVX512F__)
+    __asm__("" : "+v"(v));
+#endif
+    return v;
+}
+
 // x in every lane (one broadcast; a loop storing lane by lane compiled to 16 masked ones).
 inline Lanes splat(float x) {
     static_assert(kLanes == 16);
@@ -257,7 +266,7 @@ inline void run_dots_2(const float* qa, const float* qb, const float* const* k, 
     for (int64_t d = 0; d < D; d += kLanes) {
         const Lanes xa = load(qa + d), xb = load(qb + d);
         for (int i = 0; i < kKeyRun / 2; ++i) {
-            const Lanes key = load(k[i] + d);
+            const Lanes key = held(load(k[i] + d));
             acc[i] = fma(xa, key, acc[i]);
             acc[kKeyRun / 2 + i] = fma(xb, key, acc[kKeyRun / 2 + i]);
         }
@@ -327,7 +336,7 @@ inline void add_weighted(float* const* o, const float* const* w, const float* va
     for (int64_t j = j0; j < j1; ++j) {
         const float* v = values + row.slot(j) * D;
         for (int i = 0; i < V; ++i) {
-            const Lanes value = load(v + i * kLanes);
+            const Lanes value = held(load(v + i * kLanes));
             for (int h = 0; h < H; ++h) acc[h][i] = fma(splat(w[h][j]), value, acc[h][i]);
         }
     }
