@@ -5,6 +5,7 @@ configs it refuses. Real weights (SmolLM2, the Qwen pair) in the tests marked `r
 
 from __future__ import annotations
 
+import contextlib
 import copy
 
 import pytest
@@ -57,6 +58,37 @@ def sequence(n: int, seed: int = 3) -> torch.Tensor:
     return torch.randint(0, VOCAB, (n,), generator=torch.Generator().manual_seed(seed))
 
 
+@contextlib.contextmanager
+def cache_as_the_runtimes(model: torch.nn.Module):
+    """transformers' attention over keys (after rotary) and values rounded once to binary16, as
+    the native runtime's cache holds them (decoder.cpp), so a reference differs from the runtime
+    only where the design says it may."""
+    from transformers.models.llama import modeling_llama
+    from transformers.models.qwen2 import modeling_qwen2
+    from transformers.models.qwen3 import modeling_qwen3
+
+    modules = (modeling_llama, modeling_qwen2, modeling_qwen3)
+    originals = [m.apply_rotary_pos_emb for m in modules]
+
+    def rounding(rotate):
+        def apply(q, k, *args, **kwargs):
+            q, k = rotate(q, k, *args, **kwargs)
+            return q, k.half().to(k.dtype)
+        return apply
+
+    hooks = [m.register_forward_hook(lambda _, __, out: out.half().to(out.dtype))
+             for name, m in model.named_modules() if name.endswith("v_proj")]
+    for module, rotate in zip(modules, originals):
+        module.apply_rotary_pos_emb = rounding(rotate)
+    try:
+        yield model
+    finally:
+        for module, rotate in zip(modules, originals):
+            module.apply_rotary_pos_emb = rotate
+        for hook in hooks:
+            hook.remove()
+
+
 def alone(lm, tokens: torch.Tensor) -> torch.Tensor:
     """Each token's logits decoded one at a time from an empty cache."""
     lm.reset()
@@ -69,14 +101,15 @@ def test_logits_match_transformers_on_the_same_quantized_weights(mode):
     same kernels): the linear layers then compute the same bits from the same inputs, so the
     two differ only by float order in norms, rotary, attention and SiLU (~1e-7 of the logits'
     range, measured), except where that moves an int8 activation across a rounding boundary by
-    one step: at most one row of the 24 per model, within 2% of the range (measured 0.8%)."""
+    one step: at most one row of the 24 per model, within 2% of the range (measured 0.8%).
+    The reference reads its keys and values rounded to binary16, as the runtime's cache holds them."""
     for kind in ("qwen2", "llama"):
         model = tiny(kind)
         lm = from_transformers(copy.deepcopy(model), mode, capacity=64)
         reference = copy.deepcopy(model)
         install(reference, read_model(reference, decoder_config(reference.config), mode).linears)
         tokens = sequence(24)
-        with torch.no_grad():
+        with torch.no_grad(), cache_as_the_runtimes(reference):
             expected = reference(tokens[None]).logits[0].float()
         got = alone(lm, tokens)
         off = (got - expected).abs().amax(-1) / expected.abs().max()
@@ -100,7 +133,7 @@ def gap_to_dequantized(model, lm, mode: str) -> float:
     for name, weight in read_model(dense, decoder_config(dense.config), mode).linears.items():
         dense.get_submodule(name).weight.data = weight.dequantize()
     tokens = sequence(24)
-    with torch.no_grad():
+    with torch.no_grad(), cache_as_the_runtimes(dense):
         expected = dense(tokens[None]).logits[0]
     return float((alone(lm, tokens) - expected).abs().max() / expected.abs().max())
 
@@ -130,7 +163,7 @@ def test_a_head_of_128_dims_matches_transformers_and_keeps_every_rows_bits():
     reference = copy.deepcopy(model)
     install(reference, read_model(reference, decoder_config(reference.config), "int4").linears)
     tokens = sequence(70)
-    with torch.no_grad():
+    with torch.no_grad(), cache_as_the_runtimes(reference):
         expected = reference(tokens[None]).logits[0].float()
     single = alone(lm, tokens)
     off = (single - expected).abs().amax(-1) / expected.abs().max()
@@ -259,7 +292,7 @@ def test_the_cache_grows_keeping_every_bit_and_stops_at_the_models_positions(pai
     assert lm.decoder.capacity == 64 and torch.equal(rows[:4], single[31:35])
     lm.keep_positions(31, [0, 1, 2, 3])
     assert torch.equal(lm.forward(tokens[35:60]), single[35:60])
-    assert lm.kv_bytes(60) == 2 * 2 * 60 * 2 * 32 * 4 and lm.kv_bytes() == lm.kv_bytes(64)
+    assert lm.kv_bytes(60) == 2 * 2 * 60 * 2 * 32 * 2 and lm.kv_bytes() == lm.kv_bytes(64)  # binary16
     short = from_transformers(tiny(max_position_embeddings=24), "int4", capacity=8)
     short.prefill(tokens[:24])
     with pytest.raises(SpecdecError, match="past the model's 24"):
@@ -425,7 +458,7 @@ def test_real_logits_match_transformers_on_the_same_weights(natives, name):
             params[EMBEDDING].copy_(table.dequantize())
     install(reference, source.linears)
     tokens = code_prompts(name, 1)[0][:64]
-    with torch.no_grad():
+    with torch.no_grad(), cache_as_the_runtimes(reference):
         expected = reference(tokens[None]).logits[0].float()
         floor = (reference(tokens[None, :40]).logits[0].float() - expected[:40]).abs().max()
         embeddings = reference.get_input_embeddings()(tokens[None])
@@ -490,7 +523,7 @@ def test_real_batched_decoding_equals_each_prompt_alone(natives):
 
 def test_advise_measures_on_the_native_runtime():
     """run_advise over a native target: the bytes a step reads are the runtime's packed weights
-    and float32 K/V (counted by hand here), its costs are timed through its own forward and
+    and binary16 K/V (counted by hand here), its costs are timed through its own forward and
     plain decoding calibrated on it. (Native drafts come from the registry's GGUFs, and with a
     draft something pays and is confirmed: the real advise test in test_advise_sweep.py.)"""
     from specdec.methods.build import Drafts
@@ -508,7 +541,7 @@ def test_advise_measures_on_the_native_runtime():
                  for p in x.parts) + sum(p.nbytes() for p in w.head.parts)
     small = sum(t.numel() * 4 for t in [w.final_norm, *(n for x in w.layers for n in (x.attn_norm, x.mlp_norm)),
                                         *(b for x in w.layers for b in x.qkv.biases)])
-    kv = 2 * 3 * 80 * 2 * 32 * 4  # K and V, 3 layers, 80 positions, 2 heads of 32, float32
+    kv = 2 * 3 * 80 * 2 * 32 * 2  # K and V, 3 layers, 80 positions, 2 heads of 32, binary16
     assert advice.memory["target"] == {"weights": packed + small, "kv_cache": kv} and advice.dtype == "float32"
     assert advice.bandwidth["bytes_per_step"] == packed + small + kv
     assert advice.c_target > 0 and sorted(advice.verify) == [1, 2, 3]
@@ -517,3 +550,31 @@ def test_advise_measures_on_the_native_runtime():
     for c in advice.confirmed:
         assert c.plain_tokens_per_s > 0 and c.measured_speedup == pytest.approx(c.tokens_per_s / c.plain_tokens_per_s)
     assert parse(advice.choice.method).kind in {"ar", "lookup"}
+
+
+def test_the_caches_binary16_rounds_to_nearest_even_on_both_paths():
+    """decoder.cpp stores keys and values as IEEE binary16: its conversion (F16C where the CPU has
+    it) and the portable one both give torch's rounding bit for bit, over normals, exact ties,
+    subnormals, overflow and infinities, and read back to the values the bits stand for."""
+    from specdec.runtime.native.decoder import library
+
+    gen = torch.Generator().manual_seed(0)
+    wide = torch.randn(4096, generator=gen) * torch.pow(10.0, torch.randint(-9, 6, (4096,), generator=gen).float())
+    halves = torch.randint(0, 0x7C00, (1024,), generator=gen, dtype=torch.int32).to(torch.int16).view(torch.float16)
+    above = (halves.view(torch.int16) + 1).view(torch.float16)
+    ties = (halves.float() + above.float()) / 2  # exactly between two binary16 neighbours
+    edges = torch.tensor([0.0, -0.0, float("inf"), -float("inf"), 65504.0, 65519.99, 65520.0, -65520.0, 2.0**-24,
+                          2.0**-25, 3 * 2.0**-26, 2.0**-14, 2.0**-14 - 2.0**-25, 1e-30, -1e-30])
+    x = torch.cat([wide, ties, edges])
+    x = torch.cat([x, torch.zeros(-x.numel() % 16)]).contiguous()
+    expected = x.half()
+    for portable in (0, 1):
+        bits = torch.empty(x.numel(), dtype=torch.int16)
+        back = torch.empty_like(x)
+        library().sd_decoder_half(x.data_ptr(), bits.data_ptr(), back.data_ptr(), x.numel(), portable)
+        assert torch.equal(bits, expected.view(torch.int16)), portable
+        assert torch.equal(back, expected.float()), portable
+    nan, bits, back = torch.full((16,), float("nan")), torch.empty(16, dtype=torch.int16), torch.empty(16)
+    for portable in (0, 1):
+        library().sd_decoder_half(nan.data_ptr(), bits.data_ptr(), back.data_ptr(), 16, portable)
+        assert bits.view(torch.float16).isnan().all() and back.isnan().all(), portable

@@ -13,13 +13,18 @@
 // A tree row that sees the slots of its ancestors therefore gets the bits of the chain row at
 // the same position.
 //
-// Activations are float32 throughout; the cache holds float32 keys (after rotary) and values,
-// [kv_heads][capacity][head_dim] per layer, a slot per cached position: each K/V head's keys lie
+// Activations are float32 throughout; the cache holds keys (after rotary) and values as IEEE
+// half floats (binary16, llama.cpp's default cache: half the bytes a long context's attention
+// reads), each rounded once to nearest-even when stored, [kv_heads][capacity][head_dim] per layer, a slot per cached position: each K/V head's keys lie
 // in one run, which attention streams (slot-major rows, half of each read for one head, left
 // the hardware prefetchers behind).
 #include "qgemm.cpp"
 
 #include <omp.h>
+
+#if defined(__F16C__)
+#include <immintrin.h>
+#endif
 
 #include <algorithm>
 #include <chrono>
@@ -45,7 +50,7 @@ struct SdLayer {
     SdParts qkv, gate_up;
     SdWeight o, down;
     const float *attn_norm, *mlp_norm;
-    float *k_cache, *v_cache;
+    uint16_t *k_cache, *v_cache;  // binary16 (Kv)
     const float *q_norm, *k_norm;  // [head_dim] each, or null (no per-head norm)
 };
 
@@ -122,6 +127,64 @@ inline void store(float* p, Lanes v) { std::memcpy(p, &v, sizeof v); }
 typedef float Half __attribute__((vector_size(kLanes / 2 * sizeof(float))));
 typedef float Quarter __attribute__((vector_size(kLanes / 4 * sizeof(float))));
 typedef float Eighth __attribute__((vector_size(kLanes / 8 * sizeof(float))));
+
+// A K/V cache element: IEEE binary16 bits.
+typedef uint16_t Kv;
+
+// f rounded to binary16, to nearest-even, as F16C's vcvtps2ph does it: past 65504 and half an
+// ulp is infinity, below 2^-14 a subnormal, a NaN a quiet NaN keeping its payload's top bits.
+inline Kv half_bits(float f) {
+    uint32_t x;
+    std::memcpy(&x, &f, sizeof x);
+    const uint32_t sign = (x >> 16) & 0x8000, ax = x & 0x7FFFFFFF;
+    if (ax > 0x7F800000) return Kv(sign | 0x7E00 | ((ax >> 13) & 0x3FF));
+    if (ax >= 0x477FF000) return Kv(sign | 0x7C00);
+    if (ax < 0x38800000) {  // m * 2^-24: the product by 2^24 is exact, nearbyint rounds to even
+        float a;
+        std::memcpy(&a, &ax, sizeof a);
+        return Kv(sign | uint32_t(std::nearbyint(a * 16777216.f)));
+    }
+    return Kv(sign | ((ax + 0xFFF + ((ax >> 13) & 1) - 0x38000000) >> 13));
+}
+
+// A binary16 value as a float (every one is exactly a float).
+inline float half_value(Kv h) {
+    const uint32_t sign = uint32_t(h & 0x8000) << 16, e = (h >> 10) & 0x1F, m = h & 0x3FF;
+    if (e == 0) return (sign ? -1.f : 1.f) * (float(m) * 0x1p-24f);
+    const uint32_t bits = sign | (e == 31 ? 0x7F800000 | (m << 13) : ((e + 112) << 23) | (m << 13));
+    float f;
+    std::memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+// n floats (a multiple of kLanes) into the cache's binary16, by the CPU's conversion where it has
+// one (F16C; the same bits as half_bits).
+inline void store_half(Kv* p, const float* x, int64_t n) {
+#if defined(__AVX512F__)
+    for (int64_t i = 0; i < n; i += 16)
+        _mm256_storeu_si256((__m256i*)(p + i), _mm512_cvtps_ph(_mm512_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+#elif defined(__F16C__)
+    for (int64_t i = 0; i < n; i += 8)
+        _mm_storeu_si128((__m128i*)(p + i), _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+#else
+    for (int64_t i = 0; i < n; ++i) p[i] = half_bits(x[i]);
+#endif
+}
+
+// kLanes cache values as floats.
+inline Lanes load_half(const Kv* p) {
+#if defined(__AVX512F__)
+    return Lanes(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p)));
+#elif defined(__F16C__)
+    const Half lo = Half(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)p)));
+    const Half hi = Half(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(p + 8))));
+    return __builtin_shufflevector(lo, hi, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+#else
+    Lanes v;
+    for (int i = 0; i < kLanes; ++i) v[i] = half_value(p[i]);
+    return v;
+#endif
+}
 
 // The lower and upper halves of a vector as vectors.
 template <typename Part, typename Whole>
@@ -226,8 +289,8 @@ void rope_and_store(const SdModel& m, const SdLayer& L, float* qkv, int64_t rows
         for (int64_t h = 0; h < m.heads + m.kv_heads; ++h) rotate(row + h * D, c, s, D);
         for (int64_t h = 0; h < m.kv_heads; ++h) {
             const int64_t at = (h * m.capacity + slots[r]) * D;
-            std::memcpy(L.k_cache + at, row + (m.heads + h) * D, D * sizeof(float));
-            std::memcpy(L.v_cache + at, row + (m.heads + m.kv_heads + h) * D, D * sizeof(float));
+            store_half(L.k_cache + at, row + (m.heads + h) * D, D);
+            store_half(L.v_cache + at, row + (m.heads + m.kv_heads + h) * D, D);
         }
     }
 }
@@ -250,23 +313,23 @@ constexpr int64_t kKeyRun = 16;  // keys whose scores with one query head are co
 constexpr int64_t kKeyBlock = 64;  // keys whose values stay in L1 while a head sums them
 
 // acc[i] = the kLanes partial sums of q with key k[i] (an FMA a step) for the 16 keys of a run.
-inline void run_dots(const float* q, const float* const* k, int64_t D, Lanes* acc) {
+inline void run_dots(const float* q, const Kv* const* k, int64_t D, Lanes* acc) {
     for (int i = 0; i < kKeyRun; ++i) acc[i] = Lanes{};
     for (int64_t d = 0; d < D; d += kLanes) {
         const Lanes x = load(q + d);
-        for (int i = 0; i < kKeyRun; ++i) acc[i] = fma(x, load(k[i] + d), acc[i]);
+        for (int i = 0; i < kKeyRun; ++i) acc[i] = fma(x, load_half(k[i] + d), acc[i]);
     }
 }
 
 // run_dots for two query heads and 8 keys: acc[i] for qa with key k[i], acc[8 + i] for qb, each
 // key's load serving both heads (one head alone loads a key for every FMA); each sum's FMAs are
 // run_dots's own, in its order.
-inline void run_dots_2(const float* qa, const float* qb, const float* const* k, int64_t D, Lanes* acc) {
+inline void run_dots_2(const float* qa, const float* qb, const Kv* const* k, int64_t D, Lanes* acc) {
     for (int i = 0; i < kKeyRun; ++i) acc[i] = Lanes{};
     for (int64_t d = 0; d < D; d += kLanes) {
         const Lanes xa = load(qa + d), xb = load(qb + d);
         for (int i = 0; i < kKeyRun / 2; ++i) {
-            const Lanes key = held(load(k[i] + d));
+            const Lanes key = held(load_half(k[i] + d));
             acc[i] = fma(xa, key, acc[i]);
             acc[kKeyRun / 2 + i] = fma(xb, key, acc[kKeyRun / 2 + i]);
         }
@@ -328,15 +391,15 @@ void exp_shifted(float* x, int64_t n, float top) {
 // before it in its output's sum, so it takes about 16 independent sums to keep the CPU's adders
 // busy (2 left a prefill's weighted sums latency-bound), and the heads share each value's load.
 template <int V, int H>
-inline void add_weighted(float* const* o, const float* const* w, const float* values, int64_t D, const Seen& row,
+inline void add_weighted(float* const* o, const float* const* w, const Kv* values, int64_t D, const Seen& row,
                          int64_t j0, int64_t j1) {
     Lanes acc[H][V];
     for (int h = 0; h < H; ++h)
         for (int i = 0; i < V; ++i) acc[h][i] = load(o[h] + i * kLanes);
     for (int64_t j = j0; j < j1; ++j) {
-        const float* v = values + row.slot(j) * D;
+        const Kv* v = values + row.slot(j) * D;
         for (int i = 0; i < V; ++i) {
-            const Lanes value = held(load(v + i * kLanes));
+            const Lanes value = held(load_half(v + i * kLanes));
             for (int h = 0; h < H; ++h) acc[h][i] = fma(splat(w[h][j]), value, acc[h][i]);
         }
     }
@@ -346,7 +409,7 @@ inline void add_weighted(float* const* o, const float* const* w, const float* va
 
 // add_weighted for n <= H heads (a group's last few), the head count a template argument.
 template <int V, int H>
-inline void add_weighted_heads(int n, float* const* o, const float* const* w, const float* values, int64_t D,
+inline void add_weighted_heads(int n, float* const* o, const float* const* w, const Kv* values, int64_t D,
                                const Seen& row, int64_t j0, int64_t j1) {
     if (n == H) return add_weighted<V, H>(o, w, values, D, row, j0, j1);
     if constexpr (H > 1) add_weighted_heads<V, H - 1>(n, o, w, values, D, row, j0, j1);
@@ -356,7 +419,7 @@ inline void add_weighted_heads(int n, float* const* o, const float* const* w, co
 // heads 16 / V at a time (o: the row's first head's output, D floats a head; w: its weights,
 // `stride` floats a head).
 template <int V>
-void weighted_values(float* o, const float* w, int64_t stride, int64_t nh, const float* values, int64_t D,
+void weighted_values(float* o, const float* w, int64_t stride, int64_t nh, const Kv* values, int64_t D,
                      const Seen& row, int64_t j0, int64_t j1) {
     constexpr int H = 16 / V;
     for (int64_t c = 0; c < D; c += V * kLanes)
@@ -392,7 +455,7 @@ void sum_weights(const float* p, int64_t stride, int64_t nh, int64_t count, floa
 void attend_tile(const SdModel& m, const SdLayer& L, const float* qkv, int64_t r0, int64_t r1, int64_t h0,
                  int64_t h1, int64_t kvh, const SdVisible& vis, float* out) {
     const int64_t D = m.head_dim, width = (m.heads + 2 * m.kv_heads) * D, nh = h1 - h0, pairs = (r1 - r0) * nh;
-    const float *keys = L.k_cache + kvh * m.capacity * D, *values = L.v_cache + kvh * m.capacity * D;
+    const Kv *keys = L.k_cache + kvh * m.capacity * D, *values = L.v_cache + kvh * m.capacity * D;
     tile_rows.resize(r1 - r0);
     int64_t most = 0;
     for (int64_t r = r0; r < r1; ++r) {
@@ -415,7 +478,7 @@ void attend_tile(const SdModel& m, const SdLayer& L, const float* qkv, int64_t r
             const Seen& row = seen_at[r - r0];
             if (j0 >= row.count) continue;
             const int64_t n = std::min(kKeyRun, row.count - j0);
-            const float* k[kKeyRun];
+            const Kv* k[kKeyRun];
             // past n: key j0 again, scored and stored past the row's count (unused), its max a
             // score the run already has
             for (int64_t i = 0; i < kKeyRun; ++i) k[i] = keys + row.slot(j0 + (i < n ? i : 0)) * D;
@@ -423,7 +486,7 @@ void attend_tile(const SdModel& m, const SdLayer& L, const float* qkv, int64_t r
             // L1, their values into L2 for the weighted sums that follow the scores (once a run:
             // a tile's rows share their keys but for a tree's own nodes).
             for (int64_t j = j0 + kKeyRun; !prefetched && j < std::min(row.count, j0 + 2 * kKeyRun); ++j)
-                for (int64_t d = 0; d < D; d += kLanes) {
+                for (int64_t d = 0; d < D; d += 64 / sizeof(Kv)) {  // a line at a time
                     __builtin_prefetch(keys + row.slot(j) * D + d);
                     __builtin_prefetch(values + row.slot(j) * D + d, 0, 2);
                 }
@@ -620,10 +683,24 @@ void sd_decoder_move(const SdModel* model, const int64_t* from, const int64_t* t
                 if (from[j] == to[j]) continue;
                 const int64_t head = h * m.capacity;
                 std::memcpy(m.layer[i].k_cache + (head + to[j]) * D, m.layer[i].k_cache + (head + from[j]) * D,
-                            D * sizeof(float));
+                            D * sizeof(Kv));
                 std::memcpy(m.layer[i].v_cache + (head + to[j]) * D, m.layer[i].v_cache + (head + from[j]) * D,
-                            D * sizeof(float));
+                            D * sizeof(Kv));
             }
+}
+
+// out[i] = x[i] rounded to the K/V cache's binary16 (n a multiple of 16), by the decoder's own
+// conversion or (portable = 1) half_bits; then back = those values as floats (load_half or
+// half_value): tests pin both against IEEE's rounding.
+void sd_decoder_half(const float* x, uint16_t* out, float* back, int64_t n, int portable) {
+    for (int64_t i = 0; i < n; i += kLanes) {
+        if (portable) {
+            for (int l = 0; l < kLanes; ++l) out[i + l] = half_bits(x[i + l]), back[i + l] = half_value(out[i + l]);
+        } else {
+            store_half(out + i, x + i, kLanes);
+            store(back + i, load_half(out + i));
+        }
+    }
 }
 
 }  // extern "C"

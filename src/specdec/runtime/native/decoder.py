@@ -87,7 +87,9 @@ def library() -> ctypes.CDLL:
     lib.sd_decoder_forward.argtypes = [ctypes.POINTER(_Model), _p, _i64, _p, _p, _Visible, _p, _i64, _p]
     lib.sd_decoder_move.argtypes = [ctypes.POINTER(_Model), _p, _p, _i64]
     lib.sd_decoder_timings.argtypes = [_p]
+    lib.sd_decoder_half.argtypes = [_p, _p, _p, _i64, ctypes.c_int]
     lib.sd_decoder_forward.restype = lib.sd_decoder_move.restype = lib.sd_decoder_timings.restype = None
+    lib.sd_decoder_half.restype = None
     return lib
 
 
@@ -147,7 +149,8 @@ class Decoder:
         """A cache of `capacity` slots holding the first `keep` slots of the current one."""
         cfg = self.weights.config
         with torch.inference_mode(False):  # a cache grown inside a draft's proposal lives on outside it
-            k_cache = torch.zeros(cfg.layers, cfg.kv_heads, capacity, cfg.head_dim)  # decoder.cpp's layout
+            # decoder.cpp's layout and element (IEEE binary16)
+            k_cache = torch.zeros(cfg.layers, cfg.kv_heads, capacity, cfg.head_dim, dtype=torch.float16)
             v_cache = torch.zeros_like(k_cache)
             if keep:
                 k_cache[:, :, :keep] = self.k_cache[:, :, :keep]

@@ -26,7 +26,7 @@ class NativeLM:
     keep_positions compacts."""
 
     device = torch.device("cpu")
-    dtype = torch.float32  # of activations, logits and K/V (the weights are Q4/Q8)
+    dtype = torch.float32  # of activations and logits (the weights are Q4/Q8, K/V binary16)
     invariant = True  # every row as if decoded alone, logits float32
     shares_forward = True  # forward_lanes: one decoder call for all lanes
 
