@@ -5,6 +5,9 @@
 #include <cstdio>
 #include <chrono>
 #define CH(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11)
+// 8 (or 6) dpbusd chains beside 4 (or 6) of another instruction's
+#define MIX(X) OP8(0) OP8(1) OP8(2) OP8(3) OP8(4) OP8(5) OP8(6) OP8(7) X(8) X(9) X(10) X(11)
+#define MIX6(X) OP8(0) OP8(1) OP8(2) OP8(3) OP8(4) OP8(5) X(6) X(7) X(8) X(9) X(10) X(11)
 #define KEEP(i) __asm__ volatile("" : "+v"(a##i));
 template <int MODE> double run() {
   #define DECL(i) __m512i a##i=_mm512_set1_epi32(i+1);
@@ -24,34 +27,34 @@ template <int MODE> double run() {
       CH(OPM)
     } else if constexpr (MODE==3) { // 8 dpbusd + 4 add
       #define OP8(i) a##i=_mm512_dpbusd_epi32(a##i,b,c);
-      OP8(0) OP8(1) OP8(2) OP8(3) OP8(4) OP8(5) OP8(6) OP8(7) OPA(8) OPA(9) OPA(10) OPA(11)
+      MIX(OPA)
     } else if constexpr (MODE==4) { // cvt only
       #define OPC(i) a##i=_mm512_castps_si512(_mm512_cvtepi32_ps(a##i));
       CH(OPC)
     } else if constexpr (MODE==5) { // 8 dpbusd + 4 and
       #define OPN(i) a##i=_mm512_and_si512(a##i,b);
-      OP8(0) OP8(1) OP8(2) OP8(3) OP8(4) OP8(5) OP8(6) OP8(7) OPN(8) OPN(9) OPN(10) OPN(11)
+      MIX(OPN)
     } else if constexpr (MODE==6) { // 8 dpbusd + 4 cvt
-      OP8(0) OP8(1) OP8(2) OP8(3) OP8(4) OP8(5) OP8(6) OP8(7) OPC(8) OPC(9) OPC(10) OPC(11)
+      MIX(OPC)
     } else if constexpr (MODE==7) { // 8 dpbusd + 4 srli
       #define OPS(i) a##i=_mm512_srli_epi16(a##i,4);
-      OP8(0) OP8(1) OP8(2) OP8(3) OP8(4) OP8(5) OP8(6) OP8(7) OPS(8) OPS(9) OPS(10) OPS(11)
+      MIX(OPS)
     } else if constexpr (MODE==8) { // dpwssd only
       #define OPW(i) a##i=_mm512_dpwssd_epi32(a##i,b,c);
       CH(OPW)
     } else if constexpr (MODE==9) { // 8 dpbusd + 4 vpmovzxbd (from reg xmm)
       #define OPZ(i) a##i=_mm512_cvtepu8_epi32(_mm512_castsi512_si128(a##i));
-      OP8(0) OP8(1) OP8(2) OP8(3) OP8(4) OP8(5) OP8(6) OP8(7) OPZ(8) OPZ(9) OPZ(10) OPZ(11)
+      MIX(OPZ)
     } else if constexpr (MODE==10) { // 8 dpbusd + 4 vpermd
       #define OPP(i) a##i=_mm512_permutexvar_epi32(b, a##i);
-      OP8(0) OP8(1) OP8(2) OP8(3) OP8(4) OP8(5) OP8(6) OP8(7) OPP(8) OPP(9) OPP(10) OPP(11)
+      MIX(OPP)
     } else if constexpr (MODE==11) { // 8 dpbusd + 4 vpshufd
       #define OPH(i) a##i=_mm512_shuffle_epi32(a##i, _MM_PERM_BBBB);
-      OP8(0) OP8(1) OP8(2) OP8(3) OP8(4) OP8(5) OP8(6) OP8(7) OPH(8) OPH(9) OPH(10) OPH(11)
+      MIX(OPH)
     } else if constexpr (MODE==12) { // 6 dpbusd + 6 vpshufd
-      OP8(0) OP8(1) OP8(2) OP8(3) OP8(4) OP8(5) OPH(6) OPH(7) OPH(8) OPH(9) OPH(10) OPH(11)
+      MIX6(OPH)
     } else if constexpr (MODE==13) { // 6 dpbusd + 6 vpermd
-      OP8(0) OP8(1) OP8(2) OP8(3) OP8(4) OP8(5) OPP(6) OPP(7) OPP(8) OPP(9) OPP(10) OPP(11)
+      MIX6(OPP)
     }
     CH(KEEP)
   }
