@@ -15,9 +15,10 @@
 //
 // Activations are float32 throughout; the cache holds keys (after rotary) and values as IEEE
 // half floats (binary16, llama.cpp's default cache: half the bytes a long context's attention
-// reads), each rounded once to nearest-even when stored, [kv_heads][capacity][head_dim] per layer, a slot per cached position: each K/V head's keys lie
-// in one run, which attention streams (slot-major rows, half of each read for one head, left
-// the hardware prefetchers behind).
+// reads), each rounded once to nearest-even when stored, [kv_heads][capacity][head_dim] per
+// layer, a slot per cached position: each K/V head's keys lie in one run, which attention
+// streams (slot-major rows, half of each read for one head, left the hardware prefetchers
+// behind).
 #include "qgemm.cpp"
 
 #include <omp.h>
