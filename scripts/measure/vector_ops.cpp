@@ -1,4 +1,5 @@
-// Throughput of AVX-512 vector instruction mixes (docs/runtime.md, "What bounds the Q4 tile"):
+// Throughput of AVX-512 vector instruction mixes (docs/runtime.md, "What bounds the Q4 tile",
+// and attention's conversions):
 // 12 independent chains per loop iteration, ns per iteration of 12 instructions.
 //     g++ -O2 -march=native scripts/measure/vector_ops.cpp -o /tmp/vector_ops && flock /tmp/cpu.lock /tmp/vector_ops
 #include <immintrin.h>
@@ -16,11 +17,16 @@
 #define MOVZX(i) a##i = _mm512_cvtepu8_epi32(_mm512_castsi512_si128(a##i));
 #define PERMD(i) a##i = _mm512_permutexvar_epi32(b, a##i);
 #define SHUFD(i) a##i = _mm512_shuffle_epi32(a##i, _MM_PERM_BBBB);
+// Float ones on the same registers (attention's scores: FMAs beside key conversions and shuffles).
+#define FMA(i) a##i = _mm512_castps_si512(_mm512_fmadd_ps(_mm512_castsi512_ps(a##i), _mm512_castsi512_ps(b), _mm512_castsi512_ps(c)));
+#define CVTPH(i) a##i = _mm512_castps_si512(_mm512_cvtph_ps(_mm512_castsi512_si256(a##i)));
+#define SHUFF(i) a##i = _mm512_shuffle_i32x4(a##i, b, 0x44);
 
 // All 12 chains one instruction; 8 (or 6) dpbusd chains beside 4 (or 6) of another.
 #define ALL(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11)
 #define MIX(X) DPBUSD(0) DPBUSD(1) DPBUSD(2) DPBUSD(3) DPBUSD(4) DPBUSD(5) DPBUSD(6) DPBUSD(7) X(8) X(9) X(10) X(11)
 #define MIX6(X) DPBUSD(0) DPBUSD(1) DPBUSD(2) DPBUSD(3) DPBUSD(4) DPBUSD(5) X(6) X(7) X(8) X(9) X(10) X(11)
+#define FMIX(X) FMA(0) FMA(1) FMA(2) FMA(3) FMA(4) FMA(5) FMA(6) FMA(7) X(8) X(9) X(10) X(11)
 
 // The mixes measured: (index, name, body).
 #define MODES(M)                                                                                        \
@@ -29,7 +35,8 @@
     M(6, "8 dpbusd+4 cvt", MIX(CVT)) M(7, "8 dpbusd+4 srli", MIX(SRLI)) M(8, "12 dpwssd", ALL(DPWSSD))   \
     M(9, "8 dpbusd+4 movzx", MIX(MOVZX)) M(10, "8 dpbusd+4 vpermd", MIX(PERMD))                         \
     M(11, "8 dpbusd+4 vpshufd", MIX(SHUFD)) M(12, "6 dpbusd+6 vpshufd", MIX6(SHUFD))                     \
-    M(13, "6 dpbusd+6 vpermd", MIX6(PERMD))
+    M(13, "6 dpbusd+6 vpermd", MIX6(PERMD)) M(14, "12 fma", ALL(FMA)) M(15, "12 vcvtph2ps", ALL(CVTPH))     \
+    M(16, "8 fma+4 vcvtph2ps", FMIX(CVTPH)) M(17, "8 fma+4 vshufi32x4", FMIX(SHUFF))
 
 #define DECLARE(i) __m512i a##i = _mm512_set1_epi32(i + 1);
 #define KEEP(i) __asm__ volatile("" : "+v"(a##i));  // each chain stays a register the loop must update
