@@ -4,8 +4,7 @@
 // best of 7 passes of `calls` calls, in ns per (row, query head, key), and a checksum
 // of the outputs so two builds' bits can be compared. Build one binary per decoder.cpp and run
 // them alternately (DECODER an absolute path: an #include's relative one starts at this folder):
-//     g++ -O3 -ffp-contract=off -fopenmp -march=native -DDECODER="\"$PWD/src/specdec/kernels/decoder.cpp\"" \
-//         scripts/measure/attention_tile.cpp -o /tmp/attention_tile
+//     g++ -O3 -ffp-contract=off -fopenmp -march=native -DDECODER="\"$PWD/src/specdec/kernels/decoder.cpp\"" scripts/measure/attention_tile.cpp -o /tmp/attention_tile
 //     flock /tmp/cpu.lock /tmp/attention_tile 8 1024 300            # the 1.5B target: 12 heads, 2 K/V, 128 dims
 //     flock /tmp/cpu.lock /tmp/attention_tile 8 1024 300 14 2 64    # the 0.5B draft
 #include DECODER
