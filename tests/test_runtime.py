@@ -153,18 +153,16 @@ def test_every_row_is_the_same_alone_and_in_blocks_of_2_to_17(pair):
 @pytest.mark.parametrize("heads, kv_heads, hidden", [(2, 1, 256), (12, 2, 1536), (14, 2, 896), (9, 3, 576)])
 def test_the_real_head_shapes_match_transformers_and_keep_every_rows_bits(heads, kv_heads, hidden):
     """The attention shapes of the real models, whose weighted sums take a group's heads in
-    passes of up to 24 sums (decoder.cpp value_width): 2 heads of 128 dims in one pass of 128
-    outputs; the 1.5B target's 6 heads a K/V head (head_dim 128) in one pass of 64 outputs,
-    twice; the 0.5B draft's 7 (head_dim 64) as 4 + 3; SmolLM2-135M's 3. Every run of keys is
-    widened once for all the rows and heads of a tile. Over 70 tokens (two blocks of kKeyBlock
+    passes of 16 / V (decoder.cpp weighted_values): 2 heads of 128 dims (V = 8, 128 outputs a
+    pass); the 1.5B target's 6 heads a K/V head (head_dim 128) as 2 + 2 + 2; the 0.5B draft's 7
+    (head_dim 64, V = 4) as 4 + 3; SmolLM2-135M's 3. Over 70 tokens (two blocks of kKeyBlock
     keys) the logits match transformers' on the same quantized weights as in
     test_logits_match_transformers_on_the_same_quantized_weights: at the first shape within 2% of
     the range, and within 1e-5 but for at most a fifth of the rows, where float order moved an
     int8 activation across a rounding boundary (measured 13 of 70, at most 0.74%). At the wider
     ones such a move in an early row reaches every later row through its keys and values: 22-58
-    rows past 1e-5, within 5% (measured 1.2-3.0%; the same before the wider sums and the widened
-    keys), where a wrong key, head or output would be off by the logits' scale. And every row
-    keeps its bits in blocks and in a prefill."""
+    rows past 1e-5, within 5% (measured 1.2-3.0%), where a wrong key, head or output would be off
+    by the logits' scale. And every row keeps its bits in blocks and in a prefill."""
     model = tiny(hidden_size=hidden, num_attention_heads=heads, num_key_value_heads=kv_heads)
     lm = from_transformers(copy.deepcopy(model), "int4", capacity=128)
     reference = copy.deepcopy(model)

@@ -313,56 +313,24 @@ inline Seen seen(const SdVisible& vis, int64_t r) {
 constexpr int64_t kKeyRun = 16;  // keys whose scores with one query head are computed and reduced together
 constexpr int64_t kKeyBlock = 64;  // keys whose values stay in L1 while a head sums them
 
-// A run's kKeyRun keys widened to float (the cache's values exactly), once for all the rows and
-// heads of a tile whose rows read the same slots (a block's, a prefill's). Converted at each use,
-// a key's vcvtph2ps took about an FMA's slot in the pipes the scores' FMAs run on (Zen 5: 8 FMAs
-// beside 4 conversions 1.56 ns against 12 FMAs' 1.50, scripts/measure/vector_ops.cpp), a third
-// of the scores' slots with two heads sharing each conversion. Rows of different sequences (a
-// batch's lanes) convert at each use: widened for one row's heads alone they measured ~2% slower.
-struct WideRun {
-    std::vector<float> keys;
-    const float* at[kKeyRun];  // key i's floats
-    int64_t slots[kKeyRun];
-    bool held = false;
-
-    // The run of `want` (kKeyRun slots) from the cache's keys, widened unless it holds them.
-    const float* const* widen(const Kv* cache, const int64_t* want, int64_t D) {
-        if (held && std::equal(want, want + kKeyRun, slots)) return at;
-        keys.resize(kKeyRun * D);
-        for (int64_t i = 0; i < kKeyRun; ++i) {
-            for (int64_t d = 0; d < D; d += kLanes) store(&keys[i * D + d], load_half(cache + want[i] * D + d));
-            at[i] = &keys[i * D];
-        }
-        std::copy(want, want + kKeyRun, slots);
-        held = true;
-        return at;
-    }
-};
-
-// kLanes of a key as floats: from a widened run, or converted from the cache.
-inline Lanes load_key(const float* p) { return load(p); }
-inline Lanes load_key(const Kv* p) { return load_half(p); }
-
 // acc[i] = the kLanes partial sums of q with key k[i] (an FMA a step) for the 16 keys of a run.
-template <typename K>
-inline void run_dots(const float* q, const K* const* k, int64_t D, Lanes* acc) {
+inline void run_dots(const float* q, const Kv* const* k, int64_t D, Lanes* acc) {
     for (int i = 0; i < kKeyRun; ++i) acc[i] = Lanes{};
     for (int64_t d = 0; d < D; d += kLanes) {
         const Lanes x = load(q + d);
-        for (int i = 0; i < kKeyRun; ++i) acc[i] = fma(x, load_key(k[i] + d), acc[i]);
+        for (int i = 0; i < kKeyRun; ++i) acc[i] = fma(x, load_half(k[i] + d), acc[i]);
     }
 }
 
 // run_dots for two query heads and 8 keys: acc[i] for qa with key k[i], acc[8 + i] for qb, each
 // key's load serving both heads (one head alone loads a key for every FMA); each sum's FMAs are
 // run_dots's own, in its order.
-template <typename K>
-inline void run_dots_2(const float* qa, const float* qb, const K* const* k, int64_t D, Lanes* acc) {
+inline void run_dots_2(const float* qa, const float* qb, const Kv* const* k, int64_t D, Lanes* acc) {
     for (int i = 0; i < kKeyRun; ++i) acc[i] = Lanes{};
     for (int64_t d = 0; d < D; d += kLanes) {
         const Lanes xa = load(qa + d), xb = load(qb + d);
         for (int i = 0; i < kKeyRun / 2; ++i) {
-            const Lanes key = held(load_key(k[i] + d));
+            const Lanes key = held(load_half(k[i] + d));
             acc[i] = fma(xa, key, acc[i]);
             acc[kKeyRun / 2 + i] = fma(xb, key, acc[kKeyRun / 2 + i]);
         }
@@ -388,7 +356,6 @@ inline Lanes reduce_run(const Lanes* acc) {
 }
 
 thread_local std::vector<Seen> tile_rows;
-thread_local WideRun wide_run;
 thread_local std::vector<float> scores, tops, totals;
 
 // exp(a) for a <= 0: exp(r) * 2^n with n = round(a / ln 2), |r| <= ln 2 / 2, exp(r) by its Taylor
@@ -419,18 +386,11 @@ void exp_shifted(float* x, int64_t n, float top) {
     for (int64_t j = 0; j < n; ++j) x[j] = exp_nonpositive(x[j] - top);
 }
 
-// Sums a pass of add_weighted holds (V x H), beside a value and the weights, in the 32 vector
-// registers. Each add waits on the one before it in its output's sum, so it takes about 16
-// independent sums to keep the CPU's adders busy (2 left a prefill's weighted sums
-// latency-bound); past 16, more heads share each value's load and conversion: a row of 8-row
-// blocks at 1,024 tokens, the target's 6 heads a group, 16 sums (two passes of 2 heads and 128
-// outputs, then a third) against 24 (one pass of 6 heads and 64 outputs, then another), the
-// weighted sums ~11% faster on Zen 5 (scripts/measure/attention_tile.cpp).
-constexpr int kValueSums = 24;
-
 // o[h][0 .. V * kLanes) += w[h][j] * value j's same outputs for the keys j0 .. j1 of a row, in
 // that order, for H heads of one K/V group (values: the group's value of slot 0 at the first of
-// those outputs, D floats a slot), the heads sharing each value's load.
+// those outputs, D floats a slot). V x H accumulators side by side: each add waits on the one
+// before it in its output's sum, so it takes about 16 independent sums to keep the CPU's adders
+// busy (2 left a prefill's weighted sums latency-bound), and the heads share each value's load.
 template <int V, int H>
 inline void add_weighted(float* const* o, const float* const* w, const Kv* values, int64_t D, const Seen& row,
                          int64_t j0, int64_t j1) {
@@ -457,36 +417,20 @@ inline void add_weighted_heads(int n, float* const* o, const float* const* w, co
 }
 
 // A row's weighted values over keys j0 .. j1 for heads [h0, h1): outputs V * kLanes at a time,
-// heads kValueSums / V at a time (o: the row's first head's output, D floats a head; w: its
-// weights, `stride` floats a head).
+// heads 16 / V at a time (o: the row's first head's output, D floats a head; w: its weights,
+// `stride` floats a head).
 template <int V>
 void weighted_values(float* o, const float* w, int64_t stride, int64_t nh, const Kv* values, int64_t D,
                      const Seen& row, int64_t j0, int64_t j1) {
-    constexpr int H = kValueSums / V;
-    const int64_t passes = (nh + H - 1) / H, per = (nh + passes - 1) / passes;  // 7 heads: 4 + 3, not 6 + 1
+    constexpr int H = 16 / V;
     for (int64_t c = 0; c < D; c += V * kLanes)
-        for (int64_t h = 0; h < nh; h += per) {
-            const int n = int(std::min<int64_t>(per, nh - h));
+        for (int64_t h = 0; h < nh; h += H) {
+            const int n = int(std::min<int64_t>(H, nh - h));
             float* os[H];
             const float* ws[H];
             for (int i = 0; i < n; ++i) os[i] = o + (h + i) * D + c, ws[i] = w + (h + i) * stride;
             add_weighted_heads<V, H>(n, os, ws, values + c, D, row, j0, j1);
         }
-}
-
-// The V of weighted_values for D outputs and nh heads: of the widths that divide D, the one
-// with the fewest conversions and weight broadcasts a key (each pass over a group of heads
-// converts every value vector once, each pass over V vectors of outputs broadcasts each head's
-// weight once): per key, in units of D / kLanes, passes over the heads + nh / V. (Counting the
-// conversions alone chose 2 x 12 for the 0.5B draft's 7 heads a group, ~10% slower than 4 x 6.)
-inline int value_width(int64_t D, int64_t nh) {
-    int best = 2;
-    double least = INFINITY;
-    for (int V : {8, 4, 2}) {
-        const double cost = double((nh + kValueSums / V - 1) / (kValueSums / V)) + double(nh) / V;
-        if (D % (V * kLanes) == 0 && cost < least) best = V, least = cost;
-    }
-    return best;
 }
 
 // Softmax totals of a row's heads: totals[h] = p[h][0] + p[h][1] + ... + p[h][count - 1] in
@@ -527,11 +471,6 @@ void attend_tile(const SdModel& m, const SdLayer& L, const float* qkv, int64_t r
     // Plain pointers: a thread_local's every use in a shared library may be a call.
     float *score_at = scores.data(), *top = tops.data(), *total_at = totals.data();
     const Seen* seen_at = tile_rows.data();
-    WideRun& wide = wide_run;
-    wide.held = false;  // another layer's or head's cache
-    // Whether the rows read one sequence's keys (widened once a run for all of them)
-    bool shared = r1 - r0 > 1;
-    for (int64_t r = r0 + 1; r < r1 && shared; ++r) shared = seen_at[r - r0].slot(0) == seen_at[0].slot(0);
     // Scores a run of kKeyRun keys at a time: the run's keys stay in L1 for every row and head of
     // the tile, and one reduce_run gives a (row, head) its run's 16 scores.
     for (int64_t j0 = 0; j0 < most; j0 += kKeyRun) {
@@ -540,10 +479,10 @@ void attend_tile(const SdModel& m, const SdLayer& L, const float* qkv, int64_t r
             const Seen& row = seen_at[r - r0];
             if (j0 >= row.count) continue;
             const int64_t n = std::min(kKeyRun, row.count - j0);
-            int64_t slots[kKeyRun];
+            const Kv* k[kKeyRun];
             // past n: key j0 again, scored and stored past the row's count (unused), its max a
             // score the run already has
-            for (int64_t i = 0; i < kKeyRun; ++i) slots[i] = row.slot(j0 + (i < n ? i : 0));
+            for (int64_t i = 0; i < kKeyRun; ++i) k[i] = keys + row.slot(j0 + (i < n ? i : 0)) * D;
             // The CPU's own prefetchers start too late on these streams: the next run's keys into
             // L1, their values into L2 for the weighted sums that follow the scores (once a run:
             // a tile's rows share their keys but for a tree's own nodes).
@@ -562,29 +501,20 @@ void attend_tile(const SdModel& m, const SdLayer& L, const float* qkv, int64_t r
                 store(top + pair * kLanes, got > best ? got : best);
             };
             const float* q = qkv + r * width;
-            const auto score = [&](const auto* const* k) {  // k: the run's keys, widened or in the cache
-                int64_t h = h0;
-                for (; h + 1 < h1; h += 2) {  // two heads at a time, a run's keys in halves of 8
-                    Lanes acc[kKeyRun];
-                    run_dots_2(q + h * D, q + (h + 1) * D, k, D, acc);
-                    const Lanes first = reduce_run(acc);  // keys 0-7 of head h, then of h + 1
-                    run_dots_2(q + h * D, q + (h + 1) * D, k + kKeyRun / 2, D, acc);
-                    const Lanes second = reduce_run(acc);
-                    keep(h, __builtin_shufflevector(first, second, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) * m.attn_scale);
-                    keep(h + 1, __builtin_shufflevector(first, second, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31) * m.attn_scale);
-                }
-                if (h < h1) {
-                    Lanes acc[kKeyRun];
-                    run_dots(q + h * D, k, D, acc);
-                    keep(h, reduce_run(acc) * m.attn_scale);
-                }
-            };
-            if (shared) {
-                score(wide.widen(keys, slots, D));
-            } else {
-                const Kv* k[kKeyRun];
-                for (int64_t i = 0; i < kKeyRun; ++i) k[i] = keys + slots[i] * D;
-                score(k);
+            int64_t h = h0;
+            for (; h + 1 < h1; h += 2) {  // two heads at a time, a run's keys in halves of 8
+                Lanes acc[kKeyRun];
+                run_dots_2(q + h * D, q + (h + 1) * D, k, D, acc);
+                const Lanes first = reduce_run(acc);  // keys 0-7 of head h, then of h + 1
+                run_dots_2(q + h * D, q + (h + 1) * D, k + kKeyRun / 2, D, acc);
+                const Lanes second = reduce_run(acc);
+                keep(h, __builtin_shufflevector(first, second, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) * m.attn_scale);
+                keep(h + 1, __builtin_shufflevector(first, second, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31) * m.attn_scale);
+            }
+            if (h < h1) {
+                Lanes acc[kKeyRun];
+                run_dots(q + h * D, k, D, acc);
+                keep(h, reduce_run(acc) * m.attn_scale);
             }
         }
     }
@@ -609,11 +539,12 @@ void attend_tile(const SdModel& m, const SdLayer& L, const float* qkv, int64_t r
             if (j0 >= j1) continue;
             float* o = out + (r * m.heads + h0) * D;
             const float* w = score_at + (r - r0) * nh * stride;
-            switch (value_width(D, nh)) {
-                case 8: weighted_values<8>(o, w, stride, nh, values, D, row, j0, j1); break;
-                case 4: weighted_values<4>(o, w, stride, nh, values, D, row, j0, j1); break;
-                default: weighted_values<2>(o, w, stride, nh, values, D, row, j0, j1); break;
-            }
+            if (D % (8 * kLanes) == 0)
+                weighted_values<8>(o, w, stride, nh, values, D, row, j0, j1);
+            else if (D % (4 * kLanes) == 0)
+                weighted_values<4>(o, w, stride, nh, values, D, row, j0, j1);
+            else
+                weighted_values<2>(o, w, stride, nh, values, D, row, j0, j1);
         }
     for (int64_t r = r0; r < r1; ++r)
         for (int64_t h = h0; h < h1; ++h) {
