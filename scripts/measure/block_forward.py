@@ -1,7 +1,7 @@
 """Blocks of 1, 5 and 8 rows of one sequence (a verify block's shape) forwarded by the real int4
 target (or the int3 draft) after a prompt of --context tokens: the median wall and attention ms
 of 15 forwards after a discarded one, each trimmed back to the prompt. One JSON line. Built from
-the kernels in KERNELS (a folder with decoder.cpp and qgemm.cpp: `src/specdec/kernels`, or a copy
+the kernels in DIR (a folder with decoder.cpp and qgemm.cpp: `src/specdec/kernels`, or a copy
 of another revision's), so two builds are paired by running this alternately, one process each:
 
     flock /tmp/cpu.lock env PYTHONPATH=src .venv/bin/python scripts/measure/block_forward.py DIR --context 1024
@@ -15,7 +15,7 @@ import statistics
 import time
 from pathlib import Path
 
-from runtime_bench import DRAFT, TARGET, long_prompt, use_kernels
+from runtime_bench import TARGET, int3_draft, long_prompt, use_kernels
 
 
 def main() -> None:
@@ -26,18 +26,12 @@ def main() -> None:
     args = parser.parse_args()
     use_kernels(args.kernels)
     from specdec.decode.batch import forward_blocks
-    from specdec.models.draft_head import bundled_text_tokens, frequent_tokens
     from specdec.models.load import load_tokenizer
     from specdec.runtime import load_gguf
     from specdec.runtime.native.decoder import stage_seconds
 
     tokenizer = load_tokenizer(TARGET)
-    if args.model == "target":
-        lm = load_gguf(TARGET, "int4")
-    else:
-        vocab = load_gguf(TARGET, "int4").vocab_size
-        keep = frequent_tokens(bundled_text_tokens(tokenizer), 32768, vocab, tokenizer.all_special_ids)
-        lm = load_gguf(DRAFT, "int3", head_ids=keep)
+    lm = load_gguf(TARGET, "int4") if args.model == "target" else int3_draft(tokenizer)
     prompt = long_prompt(tokenizer, args.context + 8)
     lane = lm.lane(args.context + 16)
     lane.prefill(prompt[: args.context])

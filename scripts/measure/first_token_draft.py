@@ -14,18 +14,16 @@ import sys
 import time
 
 from specdec import DraftModel, generate
-from specdec.models.draft_head import bundled_text_tokens, frequent_tokens
 from specdec.models.load import load_tokenizer
 from specdec.runtime import load_gguf
 
-from runtime_bench import DRAFT, TARGET, long_prompt
+from runtime_bench import TARGET, int3_draft, long_prompt
 
 
 def main() -> None:
     tokenizer = load_tokenizer(TARGET)
     target = load_gguf(TARGET, "int4")
-    keep = frequent_tokens(bundled_text_tokens(tokenizer), 32768, target.vocab_size, tokenizer.all_special_ids)
-    draft = load_gguf(DRAFT, "int3", head_ids=keep)
+    draft = int3_draft(tokenizer)
     prompt = long_prompt(tokenizer, 2000)
     runs = []
     for at in range(3):

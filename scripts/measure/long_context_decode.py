@@ -2,9 +2,9 @@
 on the HumanEval text cut to --tokens tokens, 128 greedy tokens, plain and with the int3 draft
 (32768-id head, k=4): the total time, the time to the first token and decode tokens/s (the
 tokens after the first over the time after it, which with the draft holds its read of the
-prompt: the first token goes out before it). Run it alternately for two checkouts (a `git worktree` of the older one) to pair them;
-prints one JSON line (medians of 2 runs after a warm-up), with the tokens so outputs can be
-compared. Run under the CPU lock:
+prompt: the first token goes out before it). Run it alternately for two checkouts (a `git
+worktree` of the older one) to pair them; prints one JSON line (medians of 2 runs after a
+warm-up), with the tokens so outputs can be compared. Run under the CPU lock:
 
     flock /tmp/cpu.lock env PYTHONPATH=ROOT/src .venv/bin/python scripts/measure/long_context_decode.py ROOT --tokens 4000
 """
@@ -17,11 +17,10 @@ import statistics
 import time
 
 from specdec import DraftModel, generate
-from specdec.models.draft_head import bundled_text_tokens, frequent_tokens
 from specdec.models.load import load_tokenizer
 from specdec.runtime import load_gguf
 
-from runtime_bench import DRAFT, TARGET, long_prompt
+from runtime_bench import TARGET, int3_draft, long_prompt
 
 
 def timed(target, prompt, drafter, new: int) -> dict:
@@ -42,8 +41,7 @@ def main() -> None:
     args = parser.parse_args()
     tokenizer = load_tokenizer(TARGET)
     target = load_gguf(TARGET, "int4")
-    keep = frequent_tokens(bundled_text_tokens(tokenizer), 32768, target.vocab_size, tokenizer.all_special_ids)
-    draft = load_gguf(DRAFT, "int3", head_ids=keep)
+    draft = int3_draft(tokenizer)
     prompt = long_prompt(tokenizer, args.tokens)
     report = {"root": args.root, "prompt_tokens": args.tokens}
     methods = {"plain": lambda: None, "draft": lambda: DraftModel(draft, k=4)}

@@ -163,6 +163,16 @@ def long_prompt(tokenizer, tokens: int) -> torch.Tensor:
     return torch.tensor(ids[:tokens])
 
 
+def int3_draft(tokenizer):
+    """The default proposer's draft: the int3 0.5B with its head restricted to the bundled text's
+    32,768 most frequent ids (of the target's vocabulary, read from its GGUF's metadata)."""
+    from specdec.gguf import gguf_path, prepared
+
+    vocab = prepared(gguf_path(TARGET))[1].config.vocab
+    keep = frequent_tokens(bundled_text_tokens(tokenizer), 32768, vocab, tokenizer.all_special_ids)
+    return load_gguf(DRAFT, "int3", head_ids=keep)
+
+
 def use_kernels(folder: Path) -> None:
     """Build the native decoder from `folder`'s decoder.cpp and qgemm.cpp (before anything loads)."""
     from specdec import kernels
